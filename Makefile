@@ -1,0 +1,56 @@
+# simbridge — every target sets up its own virtualenv from pyproject.toml (CI and a fresh machine
+# have nothing else). Override PYTHON to pick an interpreter (>= 3.11).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROTO_SRC := proto/bridge/v1/bridge.proto
+
+.PHONY: run test lint proto venv sysdeps bench-relay bench-decimate bench-adapt clean
+
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e '.[test,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP) sysdeps
+
+# Open3D's wheel needs libusb at import time (DESIGN §8); install it when we can, say so when not.
+sysdeps:
+	@if ! ldconfig -p 2>/dev/null | grep -q 'libusb-1.0.so.0'; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get install -y -q libusb-1.0-0 >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libusb-1.0-0 >/dev/null 2>&1)) \
+	      || echo "warning: could not install libusb-1.0-0; Open3D tests will skip"; \
+	  else echo "note: libusb-1.0-0 missing (apt-get install libusb-1.0-0); Open3D tests will skip"; fi; \
+	fi
+
+run: venv
+	$(VENV)/bin/simbridge-loadgen demo
+
+test: venv
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+# Regenerate the protobuf/gRPC modules under bridge/v1 (tests fail when they are stale).
+proto: venv
+	$(PY) -m bridge.protogen
+
+bench-relay: venv
+	$(PY) -m benchmarks.relay
+
+bench-decimate: venv
+	$(VENV)/bin/simbridge bench decimate
+
+bench-adapt: venv
+	$(PY) -m benchmarks.adapt
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""simbridge: a live simulation bridge data plane."""

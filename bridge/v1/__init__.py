@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code for bridge.v1 (make proto). Do not edit."""

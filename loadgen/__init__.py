@@ -1,0 +1,1 @@
+"""Load generator, reference visualization sink and resize drivers for simbridge."""
