@@ -147,12 +147,12 @@ class StreamSpec(_message.Message):
     def __init__(self, stream_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., voxel_size: _Optional[float] = ..., passthrough: _Optional[bool] = ..., overflow: _Optional[_Union[OverflowPolicy, str]] = ..., max_points: _Optional[int] = ...) -> None: ...
 
 class ResumeState(_message.Message):
-    __slots__ = ("stream_id", "last_unacked_seq")
+    __slots__ = ("stream_id", "delivered_seq")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
-    LAST_UNACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_SEQ_FIELD_NUMBER: _ClassVar[int]
     stream_id: str
-    last_unacked_seq: int
-    def __init__(self, stream_id: _Optional[str] = ..., last_unacked_seq: _Optional[int] = ...) -> None: ...
+    delivered_seq: int
+    def __init__(self, stream_id: _Optional[str] = ..., delivered_seq: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("device_id", "resume_token", "streams", "resume", "auth_token")
@@ -352,8 +352,20 @@ class SubscribeRequest(_message.Message):
     queue_frames: int
     def __init__(self, stream_ids: _Optional[_Iterable[str]] = ..., from_bridge_seq: _Optional[int] = ..., queue_frames: _Optional[int] = ...) -> None: ...
 
+class StreamWatermark(_message.Message):
+    __slots__ = ("device_id", "stream_id", "seq")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    stream_id: str
+    seq: int
+    def __init__(self, device_id: _Optional[str] = ..., stream_id: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
 class SinkAck(_message.Message):
-    __slots__ = ("bridge_seq",)
+    __slots__ = ("bridge_seq", "watermarks")
     BRIDGE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    WATERMARKS_FIELD_NUMBER: _ClassVar[int]
     bridge_seq: int
-    def __init__(self, bridge_seq: _Optional[int] = ...) -> None: ...
+    watermarks: _containers.RepeatedCompositeFieldContainer[StreamWatermark]
+    def __init__(self, bridge_seq: _Optional[int] = ..., watermarks: _Optional[_Iterable[_Union[StreamWatermark, _Mapping]]] = ...) -> None: ...
