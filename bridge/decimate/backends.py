@@ -1,0 +1,145 @@
+"""Backend registry: which decimators exist here, and the one the data plane should use.
+
+Resolved at startup (``get_decimator``), never at import: importing ``bridge.decimate`` must
+work on a host without a compiler, the C extension or a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Final
+
+import numpy as np
+
+from bridge.cloud import XYZ, CloudLayout, field_view, point_count
+from bridge.decimate import reference
+from bridge.decimate._types import (
+    BackendUnavailable,
+    DecimationResult,
+    Decimator,
+    check_layout,
+    check_max_points,
+    check_voxel_size,
+    keys_in_float32,
+)
+from bridge.decimate.ladder import fit_budget
+
+log = logging.getLogger("bridge.decimate")
+
+#: Preference order for "auto".
+PREFERENCE: Final = ("cuda", "c", "numpy")
+
+
+def _extent(layout: CloudLayout, data: bytes | memoryview) -> Callable[[], float]:
+    def largest() -> float:
+        biggest = 0.0
+        for axis in XYZ:
+            col = field_view(layout, data, axis).astype(np.float64)
+            col = np.abs(col[np.isfinite(col)])
+            if len(col):
+                biggest = max(biggest, float(col.max()))
+        return biggest
+
+    return largest
+
+
+def run_with_budget(
+    name: str,
+    run: Callable[[bytes | memoryview, float], tuple[bytes, int]],
+    layout: CloudLayout,
+    data: bytes | memoryview,
+    voxel_size: float,
+    max_points: int,
+) -> DecimationResult:
+    """Shared argument checks and the budget ladder around one backend's ``run``."""
+    check_layout(layout)
+    buf = reference.as_byte_buffer(data)
+    check_voxel_size(voxel_size, keys_in_float32(layout))
+    check_max_points(max_points)
+    point_count(layout, len(buf))
+    out, count, v = fit_budget(
+        lambda v: run(buf, v), float(voxel_size), max_points, _extent(layout, buf)
+    )
+    return DecimationResult(data=out, points=count, voxel_size=v, backend=name)
+
+
+class NumpyDecimator:
+    """The reference implementation (always available; holds the GIL while it runs NumPy)."""
+
+    name = "numpy"
+
+    def downsample(
+        self,
+        layout: CloudLayout,
+        data: bytes | memoryview,
+        voxel_size: float,
+        max_points: int = 0,
+    ) -> DecimationResult:
+        return run_with_budget(
+            self.name,
+            lambda buf, v: reference.downsample_packed(layout, buf, v),
+            layout,
+            data,
+            voxel_size,
+            max_points,
+        )
+
+
+def _c_reason() -> str | None:
+    try:
+        from bridge.decimate import _native  # noqa: F401
+    except ImportError as exc:
+        return f"C extension bridge.decimate._native not built ({exc})"
+    return None
+
+
+def _cuda_reason() -> str | None:
+    from bridge.decimate import cuda
+
+    return cuda.unavailable_reason()
+
+
+def available_backends() -> dict[str, str | None]:
+    """Backend name -> None when usable here, else the reason it is not."""
+    return {"cuda": _cuda_reason(), "c": _c_reason(), "numpy": None}
+
+
+def _make(name: str, threads: int) -> Decimator:
+    if name == "numpy":
+        return NumpyDecimator()
+    if name == "c":
+        from bridge.decimate.native import CDecimator
+
+        return CDecimator(threads=threads)
+    from bridge.decimate.cuda import CudaDecimator
+
+    return CudaDecimator()
+
+
+def get_decimator(name: str = "auto", *, threads: int = 1) -> Decimator:
+    """The decimator called ``name``, or the best available one for ``"auto"``.
+
+    ``threads`` is the C kernel's thread count (the worker pool sets it). An explicitly named
+    backend that cannot run here raises :class:`BackendUnavailable` with the reason.
+    """
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+    reasons = available_backends()
+    if name == "auto":
+        for candidate in PREFERENCE:
+            reason = reasons[candidate]
+            if reason is None:
+                skipped = {k: v for k, v in reasons.items() if v is not None}
+                log.info(
+                    "decimation backend auto -> %s%s",
+                    candidate,
+                    "".join(f"; {k} unavailable: {v}" for k, v in skipped.items()),
+                )
+                return _make(candidate, threads)
+    if name not in reasons:
+        raise BackendUnavailable(name, f"unknown backend; choose from auto, {', '.join(reasons)}")
+    reason = reasons[name]
+    if reason is not None:
+        raise BackendUnavailable(name, reason)
+    return _make(name, threads)

@@ -1,0 +1,56 @@
+"""The C backend: the packed-buffer kernel in native/ through the ``_native`` extension.
+
+Imported only once ``_native`` is known to import (see ``backends.available_backends``).
+
+The extension releases the GIL for the whole kernel, so several pool threads decimate in
+parallel; ``threads`` additionally splits one cloud across that many kernel threads.
+"""
+
+from __future__ import annotations
+
+from bridge.cloud import XYZ, CloudLayout
+from bridge.decimate import _native
+from bridge.decimate._types import DecimationResult, VoxelKeyOverflow
+from bridge.decimate.backends import run_with_budget
+
+#: Field roles in the kernel's field table (native/simbridge_voxel.h, ``SBV_ROLE_*``).
+ROLE_VALUE, ROLE_COLOR, ROLE_X, ROLE_Y, ROLE_Z = 0, 1, 2, 3, 4
+
+
+def field_table(layout: CloudLayout) -> tuple[tuple[int, int, int], ...]:
+    """(offset, type code, role) per field, as the C ABI takes them."""
+    axis_role = {a: ROLE_X + i for i, a in enumerate(XYZ)}
+    return tuple(
+        (
+            f.offset,
+            int(f.type),
+            axis_role.get(f.name, ROLE_COLOR if f.is_packed_color else ROLE_VALUE),
+        )
+        for f in layout.fields
+    )
+
+
+class CDecimator:
+    """Thread-safe: holds only immutable settings."""
+
+    name = "c"
+
+    def __init__(self, threads: int = 1) -> None:
+        self.threads = threads
+
+    def downsample(
+        self,
+        layout: CloudLayout,
+        data: bytes | memoryview,
+        voxel_size: float,
+        max_points: int = 0,
+    ) -> DecimationResult:
+        table = field_table(layout)
+
+        def run(buf: bytes | memoryview, v: float) -> tuple[bytes, int]:
+            try:
+                return _native.downsample(buf, layout.stride, table, v, self.threads)
+            except OverflowError as exc:
+                raise VoxelKeyOverflow(str(exc)) from None
+
+        return run_with_budget(self.name, run, layout, data, voxel_size, max_points)
