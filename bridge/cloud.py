@@ -9,6 +9,7 @@ without copying them. Every backend of :mod:`bridge.decimate` consumes these typ
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,7 +127,7 @@ def make_layout(stride: int, fields: list[tuple[str, int, int]]) -> CloudLayout:
             )
         specs.append(spec)
     ordered = sorted(specs, key=lambda s: s.offset)
-    for a, b in zip(ordered, ordered[1:], strict=False):
+    for a, b in itertools.pairwise(ordered):
         if b.offset < a.end:
             raise InvalidLayout(f"fields {a.name!r} and {b.name!r} overlap")
     for axis in XYZ:

@@ -1,18 +1,18 @@
 """Exception hierarchy (why: one place maps every failure to a wire error and a metric reason).
 
     BridgeError
-    ├── ProtocolError            bad input from a peer; reported to that peer only
-    │   ├── MalformedMessage     bytes that are not a valid message        (WS 1007, INVALID_ARGUMENT)
-    │   ├── ProtocolViolation    e.g. Frame before Hello                   (WS 1008, FAILED_PRECONDITION)
-    │   ├── UnknownStream        Frame for a stream not declared in Hello  (Error msg, INVALID_ARGUMENT)
-    │   ├── InvalidLayout        PointCloud field layout is wrong          (Error msg, INVALID_ARGUMENT)
-    │   ├── TooManyPoints        more points than allowed                  (Error msg, RESOURCE_EXHAUSTED)
-    │   ├── FrameTooLarge        message above the max size                (WS 1009, RESOURCE_EXHAUSTED)
-    │   ├── SeqRegression        seq going backwards past the ring         (Error msg, INVALID_ARGUMENT)
-    │   ├── TooManyStreams       streams per session above the limit       (WS 1008, RESOURCE_EXHAUSTED)
-    │   ├── TooManySessions      sessions above the limit                  (WS 1008, RESOURCE_EXHAUSTED)
-    │   └── Unauthenticated      missing/wrong bearer token                (WS 1008, UNAUTHENTICATED)
-    └── ConfigError              invalid settings (all problems listed at once)
+    ├── ProtocolError         bad input from a peer; reported to that peer only
+    │   ├── MalformedMessage  not a valid message           (WS close 1007, INVALID_ARGUMENT)
+    │   ├── ProtocolViolation e.g. Frame before Hello       (WS close 1008, FAILED_PRECONDITION)
+    │   ├── UnknownStream     stream not declared in Hello  (Error msg, INVALID_ARGUMENT)
+    │   ├── InvalidLayout     PointCloud layout is wrong    (Error msg, INVALID_ARGUMENT)
+    │   ├── TooManyPoints     more points than allowed      (Error msg, RESOURCE_EXHAUSTED)
+    │   ├── FrameTooLarge     message above the max size    (WS close 1009, RESOURCE_EXHAUSTED)
+    │   ├── SeqRegression     seq going backwards           (Error msg, INVALID_ARGUMENT)
+    │   ├── TooManyStreams    streams per session > limit   (WS close 1008, RESOURCE_EXHAUSTED)
+    │   ├── TooManySessions   sessions > limit              (WS close 1008, RESOURCE_EXHAUSTED)
+    │   └── Unauthenticated   missing/wrong bearer token    (WS close 1008, UNAUTHENTICATED)
+    └── ConfigError           invalid settings (all problems listed at once)
 
 ``InvalidLayout`` and ``TooManyPoints`` also subclass ``ValueError``: the decimators raise them for
 bad arrays and callers that only know NumPy catch ``ValueError``.

@@ -1,0 +1,355 @@
+"""The lifecycle owner: builds every part, starts the listeners, and shuts down in a fixed order.
+
+Startup: settings → core → worker pool + decimator → gRPC / WebSocket / HTTP listeners → sink
+pusher → ready. Shutdown (SIGTERM): not ready → refuse new edges → ``Drain`` to every edge →
+deliver what is buffered to the sink within the grace period → final acks → close → exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from websockets.asyncio.server import Server as WsServer
+
+from bridge import codec
+from bridge.core import BridgeCore, CoreConfig
+from bridge.decimate import Decimator, get_decimator
+from bridge.grpc_impl import build_server, set_health
+from bridge.http_impl import OpsHttpServer
+from bridge.ingest import EdgeConnection
+from bridge.metrics import BridgeMetrics
+from bridge.processing import Processor
+from bridge.push_impl import SinkPusher
+from bridge.ring import Entry, Policy
+from bridge.session import Session, Stream, StreamKey
+from bridge.settings import Settings
+from bridge.subscribers import SubscriberSet
+from bridge.workers import WorkerPool
+
+log = logging.getLogger("bridge.app")
+
+
+@dataclass(frozen=True, slots=True)
+class BoundPorts:
+    ws: int
+    grpc: int
+    http: int
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class BridgeService:
+    """Owns every part of a running bridge; adapters reach shared state through it."""
+
+    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
+        self.settings = settings
+        self.registry = registry or CollectorRegistry()
+        self.metrics = BridgeMetrics(self.registry)
+        self.limits = codec.Limits(
+            max_frame_bytes=settings.max_frame_bytes,
+            max_points=settings.max_points,
+            max_streams_per_session=settings.max_streams_per_session,
+        )
+        self.core = BridgeCore(
+            CoreConfig(
+                limits=self.limits,
+                max_sessions=settings.max_sessions,
+                default_voxel_size=settings.voxel_size,
+                default_policy=Policy(settings.overflow_policy),
+                default_passthrough=settings.passthrough,
+                ring_budget_bytes=settings.ring_budget_bytes,
+                ring_floor_bytes=settings.ring_floor_bytes,
+            ),
+            self,
+        )
+        self.core.auto_ack = not settings.sink_address
+        self.subscribers = SubscriberSet()
+        self.connections: set[EdgeConnection] = set()
+        self.draining = False
+        self.ready = False
+        self.ports: BoundPorts | None = None
+        self.decimator: Decimator | None = None
+        self.cpu_decimator: Decimator | None = None
+        self.pool = WorkerPool(settings.workers or default_workers())
+        self.processor: Processor | None = None
+        self.pusher: SinkPusher | None = None
+        self.adapter: Any = None  # bridge.resources.adapt.Adapter when available
+        self._space: dict[StreamKey, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stop = asyncio.Event()
+        self._ws_server: WsServer | None = None
+        self._grpc_server: Any = None
+        self._health: Any = None
+        self._http: OpsHttpServer | None = None
+        self._baseline_rss = _rss_bytes()
+        self.started_at = time.monotonic()
+
+    # -- Listener (called synchronously by the core) -----------------------------------------
+    def on_space(self, stream: Stream) -> None:
+        event = self._space.get(stream.key)
+        if event is not None:
+            event.set()
+
+    def on_acks(self, session: Session) -> None:
+        conn = session.connection
+        if isinstance(conn, EdgeConnection):
+            conn.acks_due.set()
+
+    def on_work(self) -> None:
+        if self.processor is not None:
+            self.processor.kick()
+
+    def on_committed(self, entries: list[tuple[Stream, Entry]]) -> None:
+        dropped = self.subscribers.fanout(entries)
+        if dropped:
+            self.metrics.subscriber_dropped.inc(dropped)
+        if self.pusher is not None:
+            self.pusher.wake()
+        if self.core.auto_ack:
+            pass  # the core acknowledges right after this call
+
+    def on_evicted(self, stream: Stream, count: int) -> None:
+        self.metrics.frames_dropped.labels("drop_oldest").inc(count)
+
+    def on_delivered(self, entries: list[Entry]) -> None:
+        self.metrics.frames_delivered.inc(len(entries))
+        now = time.time_ns()
+        for entry in entries:
+            self.metrics.e2e_latency.observe(max(0, now - entry.ingest_ns) / 1e9)
+
+    def space_event(self, session: Session, stream_id: str) -> asyncio.Event:
+        key = (session.device_id, stream_id)
+        event = self._space.get(key)
+        if event is None:
+            event = self._space[key] = asyncio.Event()
+        return event
+
+    # -- AdaptTarget (driven by the resource adapter) -----------------------------------------
+    def resize_workers(self, workers: int) -> None:
+        self.pool.resize(workers)
+        self.metrics.workers.set(workers)
+        if self.processor is not None:
+            self.processor.kick()
+
+    def set_ring_budget(self, total_bytes: int, per_stream_floor: int) -> None:
+        self.core.set_ring_budget(total_bytes, per_stream_floor)
+        self.metrics.ring_capacity.set(self.core.ring_capacity_per_stream)
+
+    def set_gpu_healthy(self, healthy: bool) -> None:
+        if self.processor is None or self.decimator is None:
+            return
+        if self.decimator.name != "cuda":
+            return
+        chosen = self.decimator if healthy else self.cpu_decimator
+        if chosen is not self.processor.decimator:
+            self.processor.set_decimator(chosen)
+            self._publish_backend(chosen)
+            log.warning(
+                "GPU %s: decimation backend now %s",
+                "healthy" if healthy else "unhealthy",
+                chosen.name if chosen else "none",
+            )
+
+    def active_streams(self) -> int:
+        return len(self.core.streams)
+
+    def memory_baseline_bytes(self) -> int:
+        return self._baseline_rss
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> BoundPorts:
+        settings = self.settings
+        self.decimator = get_decimator(settings.decimate_backend)
+        self.cpu_decimator = (
+            self.decimator
+            if self.decimator.name != "cuda"
+            else get_decimator("c" if _has("c") else "numpy")
+        )
+        self._publish_backend(self.decimator)
+        self.processor = Processor(
+            self.core,
+            self.pool,
+            self.decimator,
+            depth=settings.worker_depth,
+            on_done=self._on_processed,
+        )
+        self.metrics.workers.set(self.pool.size)
+        self.metrics.ring_capacity.set(self.core.ring_capacity_per_stream)
+        self._grpc_server, self._health = build_server(self)
+        grpc_port = self._grpc_server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+        await self._grpc_server.start()
+        from bridge.ws_impl import start_ws_server
+
+        self._ws_server = await start_ws_server(self, settings.host, settings.ws_port)
+        ws_port = next(iter(self._ws_server.sockets)).getsockname()[1]
+        self._http = OpsHttpServer(
+            self.registry,
+            is_live=lambda: True,
+            is_ready=lambda: self.ready,
+            describe_resources=self.describe_resources,
+        )
+        http_port = await self._http.start(settings.host, settings.http_port)
+        self.ports = BoundPorts(ws=ws_port, grpc=grpc_port, http=http_port)
+        if settings.sink_address:
+            self.pusher = SinkPusher(self, settings.sink_address)
+            self._spawn(self.pusher.run(), "sink-pusher")
+        self._spawn(self._housekeeping(), "housekeeping")
+        await self._start_adapter()
+        await set_health(self._health, True)
+        self.ready = True
+        self.metrics.ready.set(1)
+        log.info(
+            "simbridge ready: ws :%d%s grpc :%d http :%d, backend %s, %d workers, sink %s",
+            ws_port,
+            "/v1/ingest",
+            grpc_port,
+            http_port,
+            self.decimator.name,
+            self.pool.size,
+            settings.sink_address or "(none: auto-ack)",
+        )
+        return self.ports
+
+    async def _start_adapter(self) -> None:
+        if not self.settings.adapt:
+            return
+        try:
+            from bridge.resources.adapt import build_adapter
+        except ImportError:  # pragma: no cover - the resources package is part of the install
+            return
+        self.adapter = build_adapter(self, self.settings, self.registry)
+        if self.adapter is not None:
+            self._spawn(self.adapter.run(), "resource-adapter")
+
+    def describe_resources(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "workers": self.pool.size,
+            "ring_capacity_per_stream_bytes": self.core.ring_capacity_per_stream,
+            "ring_occupancy_bytes": self.core.buffered_bytes,
+            "streams": len(self.core.streams),
+            "decimate_backend": self.processor.decimator.name
+            if self.processor and self.processor.decimator
+            else None,
+        }
+        if self.adapter is not None:
+            info["adapter"] = self.adapter.describe()
+        return info
+
+    def _publish_backend(self, decimator: Decimator | None) -> None:
+        for name in ("cuda", "c", "numpy"):
+            self.metrics.decimate_backend.labels(name).set(
+                1 if decimator is not None and decimator.name == name else 0
+            )
+
+    def _on_processed(self, item: Any, spent: float, error: str | None) -> None:
+        if error is not None:
+            self.metrics.processing_errors.inc()
+            log.warning(
+                "stream %s seq %d delivered raw: %s", item.stream.key, item.frame.seq, error
+            )
+        elif spent:
+            backend = (
+                self.processor.decimator.name
+                if self.processor and self.processor.decimator
+                else "none"
+            )
+            self.metrics.decimation_seconds.labels(backend).observe(spent)
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def _housekeeping(self) -> None:
+        while True:
+            self.core.expire(time.monotonic(), self.settings.session_ttl_seconds)
+            self.metrics.ring_occupancy.set(self.core.buffered_bytes)
+            self.metrics.ring_frames.set(self.core.buffered_frames)
+            await asyncio.sleep(0.5)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stop.wait()
+
+    async def shutdown(self) -> bool:
+        """Drain and close. Returns True when everything buffered was delivered in time."""
+        settings = self.settings
+        self.ready = False
+        self.metrics.ready.set(0)
+        self.draining = True
+        if self._health is not None:
+            await set_health(self._health, False)
+        log.info(
+            "draining: %d edges, %d frames buffered",
+            len(self.connections),
+            self.core.buffered_frames,
+        )
+        await asyncio.gather(*(c.drain() for c in list(self.connections)))
+        for event in self._space.values():
+            event.set()  # wake admissions blocked on backpressure: they give up while draining
+        deadline = time.monotonic() + settings.drain_grace_seconds
+        while self.core.buffered_frames and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # polling a count: simpler than an event per ack
+        delivered_all = self.core.buffered_frames == 0
+        await asyncio.gather(*(c.final_acks() for c in list(self.connections)))
+        if not delivered_all:
+            log.warning(
+                "grace period over with %d frames undelivered (edges will resend them)",
+                self.core.buffered_frames,
+            )
+        await self.close()
+        log.info("drained (%s)", "all delivered" if delivered_all else "incomplete")
+        return delivered_all
+
+    async def close(self) -> None:
+        """Stop everything now (idempotent)."""
+        self.ready = False
+        for conn in list(self.connections):
+            with contextlib.suppress(Exception):
+                await conn.transport.close_going_away()
+        if self._ws_server is not None:
+            self._ws_server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._ws_server.wait_closed(), 3)
+            self._ws_server = None
+        self.subscribers.close_all()
+        if self._grpc_server is not None:
+            await self._grpc_server.stop(grace=1.0)
+            self._grpc_server = None
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        self.pool.close(timeout=2.0)
+
+
+def _has(backend: str) -> bool:
+    from bridge.decimate import available_backends
+
+    return available_backends().get(backend) is None
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

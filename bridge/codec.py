@@ -1,0 +1,63 @@
+"""Wire codec (sans-I/O): bytes <-> protobuf messages, with every limit checked here.
+
+Adapters hand raw bytes in and get either a message or a :class:`~bridge.errors.ProtocolError`
+that says exactly what was wrong, so both transports reject bad input the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from bridge.cloud import CloudLayout, make_layout, point_count
+from bridge.errors import FrameTooLarge, MalformedMessage
+from bridge.v1 import bridge_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_frame_bytes: int
+    max_points: int
+    max_streams_per_session: int
+
+    def to_proto(self) -> pb.ServerLimits:
+        return pb.ServerLimits(
+            max_frame_bytes=self.max_frame_bytes,
+            max_points=self.max_points,
+            max_streams_per_session=self.max_streams_per_session,
+        )
+
+
+def decode_edge(raw: bytes, limits: Limits) -> pb.EdgeMessage:
+    """Parse one EdgeMessage; refuse oversize or undecodable bytes and empty oneofs."""
+    if len(raw) > limits.max_frame_bytes:
+        raise FrameTooLarge(f"message of {len(raw)} bytes exceeds max {limits.max_frame_bytes}")
+    msg = pb.EdgeMessage()
+    try:
+        msg.ParseFromString(raw)
+    except DecodeError as exc:
+        raise MalformedMessage(f"not a valid EdgeMessage: {exc}") from None
+    if msg.WhichOneof("kind") is None:
+        raise MalformedMessage("EdgeMessage carries neither hello nor frame")
+    return msg
+
+
+def cloud_layout(cloud: pb.PointCloud, limits: Limits) -> tuple[CloudLayout, int]:
+    """Validate a PointCloud's packed layout and size; return the layout and point count."""
+    layout = make_layout(
+        cloud.point_stride, [(f.name, f.offset, int(f.type)) for f in cloud.fields]
+    )
+    return layout, point_count(layout, len(cloud.data), limits.max_points)
+
+
+def encode(msg: pb.BridgeMessage) -> bytes:
+    return msg.SerializeToString()
+
+
+def error_message(code: int, text: str, *, stream_id: str = "", seq: int = 0, fatal: bool) -> bytes:
+    return encode(
+        pb.BridgeMessage(
+            error=pb.Error(code=code, message=text, stream_id=stream_id, seq=seq, fatal=fatal)  # type: ignore[arg-type]
+        )
+    )

@@ -1,0 +1,374 @@
+"""The bridge's sans-I/O heart: sessions, rings and the egress log, driven by method calls.
+
+No sockets, clocks, threads or files in here: adapters pass in messages, sizes and timestamps,
+and learn about state changes through a :class:`Listener`. That keeps every rule (admission,
+duplicates, gaps, cumulative acks, watermarks, ring budgets) unit-testable without an event loop.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol, cast
+
+from bridge import codec
+from bridge.cloud import CloudLayout
+from bridge.egress import EgressLog
+from bridge.errors import (
+    InvalidLayout,
+    ProtocolViolation,
+    SeqRegression,
+    TooManySessions,
+    TooManyStreams,
+    UnknownStream,
+)
+from bridge.ring import AdmitResult, Entry, Gap, Policy, StreamRing
+from bridge.session import (
+    KIND_POINT_CLOUD,
+    KIND_TELEMETRY,
+    Session,
+    Stream,
+    StreamConfig,
+    StreamKey,
+)
+from bridge.v1 import bridge_pb2 as pb
+
+
+class Listener(Protocol):
+    """How the core tells the adapters that something changed (called synchronously)."""
+
+    def on_space(self, stream: Stream) -> None: ...
+    def on_acks(self, session: Session) -> None: ...
+    def on_work(self) -> None: ...
+    def on_committed(self, entries: list[tuple[Stream, Entry]]) -> None: ...
+    def on_evicted(self, stream: Stream, count: int) -> None: ...
+
+
+class Offer(enum.Enum):
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"  # at or below accepted_seq: re-acked and ignored
+    FULL = "full"  # backpressure: wait for space, then offer again
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    limits: codec.Limits
+    max_sessions: int
+    default_voxel_size: float
+    default_policy: Policy
+    default_passthrough: bool
+    ring_budget_bytes: int
+    ring_floor_bytes: int
+    max_known_watermarks: int = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """Everything a worker needs, immutable once handed off the event loop."""
+
+    stream: Stream
+    entry: Entry
+    frame: pb.Frame
+    layout: CloudLayout | None
+
+
+_POLICIES = {
+    pb.BACKPRESSURE: Policy.BACKPRESSURE,
+    pb.DROP_OLDEST: Policy.DROP_OLDEST,
+}
+
+
+class BridgeCore:
+    def __init__(self, config: CoreConfig, listener: Listener) -> None:
+        self.config = config
+        self.listener = listener
+        self.sessions: dict[str, Session] = {}
+        self.by_device: dict[str, Session] = {}
+        self.streams: dict[StreamKey, Stream] = {}
+        self.egress = EgressLog()
+        self.auto_ack = False  # no sink configured: delivered once offered to subscribers
+        self.draining = False
+        self._ring_budget = config.ring_budget_bytes
+        self._ring_floor = max(config.ring_floor_bytes, config.limits.max_frame_bytes)
+        self._work_queue: deque[Stream] = deque()  # streams with PENDING entries, round robin
+        self._queued: set[StreamKey] = set()
+        self._watermarks: dict[StreamKey, int] = {}
+
+    # -- sessions ---------------------------------------------------------------------------
+    @property
+    def attached_sessions(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.attached)
+
+    def hello(self, hello: pb.Hello, connection: object) -> tuple[Session, pb.Welcome]:
+        """Attach a connection to a new or resumed session; returns the Welcome to send."""
+        if not hello.device_id:
+            raise ProtocolViolation("Hello without a device_id")
+        session = self.sessions.get(hello.resume_token) if hello.resume_token else None
+        if session is not None and session.device_id != hello.device_id:
+            raise ProtocolViolation("resume token belongs to another device")
+        if session is None:
+            session = self.by_device.get(hello.device_id)
+        resumed = session is not None
+        if session is None:
+            if self.attached_sessions >= self.config.max_sessions:
+                raise TooManySessions(f"session limit {self.config.max_sessions} reached")
+            session = Session(session_id=uuid.uuid4().hex, device_id=hello.device_id)
+        elif not session.attached and self.attached_sessions >= self.config.max_sessions:
+            raise TooManySessions(f"session limit {self.config.max_sessions} reached")
+        new_specs = [s for s in hello.streams if s.stream_id not in session.streams]
+        total = len(session.streams) + len({s.stream_id for s in new_specs})
+        if total > self.config.limits.max_streams_per_session:
+            raise TooManyStreams(
+                f"{total} streams exceed max_streams_per_session "
+                f"{self.config.limits.max_streams_per_session}"
+            )
+        configs = {spec.stream_id: self._stream_config(spec) for spec in new_specs}
+        resume = {r.stream_id: r.delivered_seq for r in hello.resume}
+        self.sessions[session.session_id] = session
+        self.by_device[session.device_id] = session
+        for stream_id, cfg in configs.items():
+            key = (session.device_id, stream_id)
+            baseline = max(resume.get(stream_id, 0), self._watermarks.pop(key, 0))
+            stream = Stream(key, cfg, StreamRing(self._ring_floor, cfg.policy))
+            stream.accepted_seq = stream.delivered_seq = baseline
+            session.streams[stream_id] = stream
+            self.streams[key] = stream
+        if configs:
+            self._rebalance_rings()
+        session.attached = True
+        session.connection = connection
+        session.reset_connection_state()
+        welcome = pb.Welcome(
+            session_id=session.session_id,
+            limits=self.config.limits.to_proto(),
+            resumed=resumed,
+            streams=[
+                pb.StreamState(
+                    stream_id=s.stream_id,
+                    delivered_seq=s.delivered_seq,
+                    accepted_seq=s.accepted_seq,
+                )
+                for s in session.streams.values()
+            ],
+        )
+        return session, welcome
+
+    def _stream_config(self, spec: pb.StreamSpec) -> StreamConfig:
+        if not spec.stream_id:
+            raise ProtocolViolation("StreamSpec without a stream_id")
+        if spec.kind not in (KIND_POINT_CLOUD, KIND_TELEMETRY):
+            raise ProtocolViolation(f"stream {spec.stream_id!r} has no valid kind")
+        if spec.voxel_size < 0:
+            raise InvalidLayout(f"stream {spec.stream_id!r}: voxel_size must be >= 0")
+        return StreamConfig(
+            kind=spec.kind,
+            voxel_size=spec.voxel_size or self.config.default_voxel_size,
+            passthrough=spec.passthrough or self.config.default_passthrough,
+            policy=_POLICIES.get(spec.overflow, self.config.default_policy),
+            max_points=spec.max_points,
+        )
+
+    def detach(self, session: Session, connection: object, now: float) -> None:
+        """The connection ended; the session stays resumable until expired."""
+        if session.connection is connection:
+            session.attached = False
+            session.connection = None
+            session.detached_at = now
+
+    def expire(self, now: float, ttl: float) -> list[Session]:
+        """Forget detached sessions idle for ``ttl`` seconds whose rings are empty."""
+        gone = [
+            s
+            for s in self.sessions.values()
+            if not s.attached and now - s.detached_at >= ttl and s.buffered_frames == 0
+        ]
+        for session in gone:
+            del self.sessions[session.session_id]
+            if self.by_device.get(session.device_id) is session:
+                del self.by_device[session.device_id]
+            for stream in session.streams.values():
+                self.streams.pop(stream.key, None)
+        if gone:
+            self._rebalance_rings()
+        return gone
+
+    # -- ingest -----------------------------------------------------------------------------
+    def offer(self, session: Session, frame: pb.Frame, size: int, now_ns: int) -> Offer:
+        """Admit one frame of ``size`` wire bytes, or say why not (errors are raised)."""
+        stream = session.streams.get(frame.stream_id)
+        if stream is None:
+            raise UnknownStream(f"stream {frame.stream_id!r} was not declared in Hello")
+        if frame.seq == 0:
+            raise SeqRegression("seq starts at 1")
+        if frame.seq <= stream.conn_last_seq:
+            raise SeqRegression(
+                f"stream {frame.stream_id!r}: seq {frame.seq} after {stream.conn_last_seq}"
+            )
+        if frame.seq <= stream.accepted_seq:
+            stream.conn_last_seq = frame.seq
+            self._mark_dirty(stream)
+            return Offer.DUPLICATE
+        layout = self._validate_payload(stream, frame)
+        gap = None
+        if frame.seq > stream.accepted_seq + 1:
+            missing = frame.seq - stream.accepted_seq - 1
+            gap = Gap(stream.accepted_seq + 1, frame.seq - 1, missing, "upstream")
+        result, evicted = stream.ring.admit(
+            frame.seq, size, (frame, layout), ingest_ns=now_ns, gap=gap
+        )
+        if evicted:
+            self.listener.on_evicted(stream, len(evicted))
+        if result is AdmitResult.FULL:
+            return Offer.FULL
+        if gap is not None:
+            stream.upstream_gap_frames += gap.count
+        stream.conn_last_seq = frame.seq
+        stream.accepted_seq = frame.seq
+        self._mark_dirty(stream)
+        if stream.key not in self._queued:
+            self._queued.add(stream.key)
+            self._work_queue.append(stream)
+        self.listener.on_work()
+        return Offer.ACCEPTED
+
+    def _validate_payload(self, stream: Stream, frame: pb.Frame) -> CloudLayout | None:
+        payload = frame.WhichOneof("payload")
+        if stream.config.kind == KIND_POINT_CLOUD:
+            if payload != "point_cloud":
+                raise InvalidLayout(f"stream {stream.stream_id!r} expects point_cloud frames")
+            layout, _ = codec.cloud_layout(frame.point_cloud, self.config.limits)
+            return layout
+        if payload != "telemetry":
+            raise InvalidLayout(f"stream {stream.stream_id!r} expects telemetry frames")
+        return None
+
+    def fits(self, session: Session, frame: pb.Frame, size: int) -> bool:
+        stream = session.streams.get(frame.stream_id)
+        return stream is not None and stream.ring.fits(size)
+
+    # -- processing -------------------------------------------------------------------------
+    def take_work(self) -> WorkItem | None:
+        """Next frame to process, round robin over streams with pending frames."""
+        while self._work_queue:
+            stream = self._work_queue.popleft()
+            entry = stream.ring.take_pending()
+            if entry is None:
+                self._queued.discard(stream.key)
+                continue
+            self._work_queue.append(stream)
+            frame, layout = cast(tuple[pb.Frame, CloudLayout | None], entry.item)
+            return WorkItem(stream, entry, frame, layout)
+        return None
+
+    def complete(self, item: WorkItem, result: bytes) -> None:
+        """A worker produced the serialized ProcessedFrame core for ``item``."""
+        stream = item.stream
+        before = stream.ring.occupancy_bytes
+        stream.ring.complete(item.entry, result, len(result))
+        committed = [(stream, e) for e in stream.ring.take_committable()]
+        for pair in committed:
+            self.egress.append(*pair)
+        if committed:
+            self.listener.on_committed(committed)
+            if self.auto_ack:
+                self.sink_ack(self.egress.last_bridge_seq)
+        if stream.ring.occupancy_bytes < before:
+            self.listener.on_space(stream)
+
+    # -- delivery ---------------------------------------------------------------------------
+    def sink_ack(self, bridge_seq: int) -> list[Entry]:
+        """Cumulative ack from the sink (or auto-ack): free ring entries, advance delivered.
+
+        Returns the entries delivered by this ack (for delivery metrics).
+        """
+        touched: dict[StreamKey, Stream] = {}
+        delivered: list[Entry] = []
+        for stream, entry in self.egress.pop_acked(bridge_seq):
+            if entry.removed:
+                continue
+            delivered.append(entry)
+            stream.ring.ack(entry.seq)
+            stream.delivered_seq = max(stream.delivered_seq, entry.seq)
+            touched[stream.key] = stream
+        for stream in touched.values():
+            self._mark_dirty(stream)
+            self.listener.on_space(stream)
+        return delivered
+
+    def sink_watermarks(self, marks: list[tuple[StreamKey, int]]) -> None:
+        """The sink already holds these (device, stream) seqs: never send them again."""
+        for key, seq in marks:
+            stream = self.streams.get(key)
+            if stream is None:
+                if (
+                    len(self._watermarks) < self.config.max_known_watermarks
+                    or key in self._watermarks
+                ):
+                    self._watermarks[key] = max(seq, self._watermarks.get(key, 0))
+                continue
+            if seq <= stream.delivered_seq:
+                continue
+            stream.ring.ack(seq)
+            stream.delivered_seq = seq
+            stream.accepted_seq = max(stream.accepted_seq, seq)
+            self._mark_dirty(stream)
+            self.listener.on_space(stream)
+        self.egress.trim_removed()
+
+    def _mark_dirty(self, stream: Stream) -> None:
+        for session in (self.by_device.get(stream.device_id),):
+            if session is not None and stream.stream_id in session.streams:
+                session.dirty.add(stream.stream_id)
+                if session.attached:
+                    self.listener.on_acks(session)
+
+    def take_acks(self, session: Session) -> pb.Ack | None:
+        """The Ack to send for streams whose state changed since the last one."""
+        if not session.dirty:
+            return None
+        acks = []
+        for stream_id in sorted(session.dirty):
+            stream = session.streams.get(stream_id)
+            if stream is not None:
+                acks.append(
+                    pb.StreamAck(
+                        stream_id=stream_id,
+                        accepted_seq=stream.accepted_seq,
+                        delivered_seq=stream.delivered_seq,
+                    )
+                )
+        session.dirty.clear()
+        return pb.Ack(streams=acks) if acks else None
+
+    # -- capacity ---------------------------------------------------------------------------
+    def set_ring_budget(self, total_bytes: int, floor_bytes: int) -> None:
+        """Split ``total_bytes`` fairly over the streams, never below ``floor_bytes`` each."""
+        self._ring_budget = total_bytes
+        self._ring_floor = max(floor_bytes, self.config.limits.max_frame_bytes)
+        self._rebalance_rings()
+
+    def _rebalance_rings(self) -> None:
+        n = max(1, len(self.streams))
+        per_stream = max(self._ring_floor, self._ring_budget // n)
+        for stream in self.streams.values():
+            before = stream.ring.capacity_bytes
+            evicted = stream.ring.resize(per_stream)
+            if evicted:
+                self.listener.on_evicted(stream, len(evicted))
+                self.egress.trim_removed()
+            if per_stream > before or evicted:
+                self.listener.on_space(stream)
+
+    @property
+    def ring_capacity_per_stream(self) -> int:
+        return max(self._ring_floor, self._ring_budget // max(1, len(self.streams)))
+
+    @property
+    def buffered_frames(self) -> int:
+        return sum(len(s.ring) for s in self.streams.values())
+
+    @property
+    def buffered_bytes(self) -> int:
+        return sum(s.ring.occupancy_bytes for s in self.streams.values())

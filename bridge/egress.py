@@ -1,0 +1,85 @@
+"""Egress log (sans-I/O): processed frames in commit order, until the sink acknowledges them.
+
+Every committed entry gets a ``bridge_seq`` (consecutive, starting at 1 for this process). The
+sink push adapter walks the log from a cursor and acknowledges cumulatively by ``bridge_seq``;
+after a reconnect it replays everything still in the log. Entries evicted by ``drop_oldest``
+stay in the deque flagged ``removed`` and are skipped; the log only shrinks from the left.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from bridge.ring import Entry, Gap
+from bridge.session import Stream
+from bridge.v1 import bridge_pb2 as pb
+
+
+class EgressLog:
+    def __init__(self) -> None:
+        self._log: deque[tuple[Stream, Entry]] = deque()
+        self.last_bridge_seq = 0
+        self.acked_bridge_seq = 0
+
+    def __len__(self) -> int:
+        return len(self._log)
+
+    def append(self, stream: Stream, entry: Entry) -> None:
+        self.last_bridge_seq += 1
+        entry.bridge_seq = self.last_bridge_seq
+        self._log.append((stream, entry))
+
+    @property
+    def first_bridge_seq(self) -> int:
+        """bridge_seq of the oldest entry still held (last + 1 when empty)."""
+        return self._log[0][1].bridge_seq if self._log else self.last_bridge_seq + 1
+
+    def entries_after(self, bridge_seq: int) -> Iterator[tuple[Stream, Entry]]:
+        """Live entries with bridge_seq > ``bridge_seq``, oldest first."""
+        start = max(0, bridge_seq + 1 - self.first_bridge_seq)
+        for i in range(start, len(self._log)):
+            stream, entry = self._log[i]
+            if not entry.removed:
+                yield stream, entry
+
+    def pop_acked(self, bridge_seq: int) -> list[tuple[Stream, Entry]]:
+        """Remove and return entries with bridge_seq <= ``bridge_seq`` (evicted ones included)."""
+        if bridge_seq > self.last_bridge_seq:
+            raise ValueError(f"ack for bridge_seq {bridge_seq} beyond last {self.last_bridge_seq}")
+        out = []
+        while self._log and self._log[0][1].bridge_seq <= bridge_seq:
+            out.append(self._log.popleft())
+        self.acked_bridge_seq = max(self.acked_bridge_seq, bridge_seq)
+        return out
+
+    def trim_removed(self) -> None:
+        """Drop leading entries that were evicted or acknowledged by watermark."""
+        while self._log and self._log[0][1].removed:
+            self._log.popleft()
+
+    def clear_in_flight(self) -> None:
+        """The sink connection is gone: nothing is in flight any more (all will be replayed)."""
+        for _, entry in self._log:
+            entry.in_flight = False
+
+
+def frame_bytes(entry: Entry, extra_gap: Gap | None = None) -> bytes:
+    """Wire bytes of a committed entry: the processed core plus its bridge_seq and gap.
+
+    Protobuf merges concatenated messages (scalars: last wins), so the per-send fields are a
+    small serialized trailer appended to the core serialized once by the worker.
+    """
+    gap = entry.gap
+    if extra_gap is not None:
+        gap = extra_gap if gap is None else gap.merge(extra_gap)
+    trailer = pb.ProcessedFrame(bridge_seq=entry.bridge_seq)
+    if gap is not None:
+        trailer.gap.CopyFrom(
+            pb.Gap(
+                first_seq=gap.first_seq, last_seq=gap.last_seq, count=gap.count, reason=gap.reason
+            )
+        )
+    core = entry.item
+    assert isinstance(core, bytes)
+    return core + trailer.SerializeToString()

@@ -1,0 +1,165 @@
+"""gRPC adapters on one ``grpc.aio`` server: ``Ingest.Connect`` (edges),
+``Visualization.Subscribe`` (viewers) and the standard ``grpc.health.v1`` service.
+
+Handlers are registered with raw-bytes (de)serializers: ingest bytes go through the same codec as
+WebSocket messages (one set of limits and errors), and subscribers receive the already-serialized
+processed frames without a parse/serialize round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from bridge.errors import (
+    FrameTooLarge,
+    ProtocolError,
+    ProtocolViolation,
+    TooManyPoints,
+    TooManySessions,
+    TooManyStreams,
+    Unauthenticated,
+)
+from bridge.ingest import EdgeConnection
+from bridge.subscribers import Subscriber
+from bridge.v1 import bridge_pb2 as pb
+
+if TYPE_CHECKING:
+    from bridge.app import BridgeService as Hub
+
+log = logging.getLogger("bridge.grpc")
+
+SERVICE_INGEST = "bridge.v1.Ingest"
+SERVICE_VISUALIZATION = "bridge.v1.Visualization"
+
+
+def status_code(error: ProtocolError) -> grpc.StatusCode:
+    if isinstance(error, FrameTooLarge | TooManyPoints | TooManyStreams | TooManySessions):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(error, ProtocolViolation):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(error, Unauthenticated):
+        return grpc.StatusCode.UNAUTHENTICATED
+    return grpc.StatusCode.INVALID_ARGUMENT
+
+
+class GrpcTransport:
+    name = "grpc"
+
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        self.context = context
+
+    async def recv(self) -> bytes | None:
+        try:
+            data = await self.context.read()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            return None
+        if data is grpc.aio.EOF:
+            return None
+        return bytes(data)
+
+    async def send(self, data: bytes) -> None:
+        try:
+            await self.context.write(data)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, RuntimeError) as exc:
+            raise ConnectionError(str(exc)) from None
+
+    async def reject(self, error: ProtocolError) -> None:
+        self.context.set_code(status_code(error))
+        self.context.set_details(str(error))
+
+    async def close_going_away(self) -> None:
+        self.context.set_code(grpc.StatusCode.UNAVAILABLE)
+        self.context.set_details("bridge shutting down")
+
+
+def _bearer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if (
+            key == "authorization"
+            and isinstance(value, str)
+            and value.lower().startswith("bearer ")
+        ):
+            return value[7:]
+    return ""
+
+
+def build_server(hub: Hub) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
+    settings = hub.settings
+    # Receive cap: the largest frame plus protobuf framing; gRPC's own default (4 MiB) is too small.
+    max_msg = settings.max_frame_bytes + 64 * 1024
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_msg),
+            ("grpc.max_send_message_length", max_msg),
+            ("grpc.keepalive_time_ms", int(settings.ping_interval_seconds * 1000)),
+            ("grpc.keepalive_timeout_ms", int(settings.ping_timeout_seconds * 1000)),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ]
+    )
+
+    async def connect(
+        _request_iterator: object, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        conn = EdgeConnection(hub, GrpcTransport(context), header_token=_bearer(context))
+        await conn.run()
+
+    async def subscribe(
+        request_bytes: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        request = pb.SubscribeRequest.FromString(request_bytes)
+        if len(hub.subscribers) >= settings.max_subscribers:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many subscribers")
+        queue_frames = min(
+            request.queue_frames or settings.subscriber_queue_frames,
+            settings.subscriber_queue_frames,
+        )
+        sub = Subscriber(set(request.stream_ids), queue_frames)
+        try:
+            backlog = hub.subscribers.attach(sub, request.from_bridge_seq, hub.core.egress)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
+        hub.metrics.subscribers.set(len(hub.subscribers))
+        try:
+            for data in backlog:
+                yield data
+            while True:
+                item = await sub.get()
+                if item is None:
+                    return
+                yield item
+        finally:
+            hub.subscribers.detach(sub)
+            hub.metrics.subscribers.set(len(hub.subscribers))
+
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                SERVICE_INGEST, {"Connect": grpc.stream_stream_rpc_method_handler(connect)}
+            ),
+            grpc.method_handlers_generic_handler(
+                SERVICE_VISUALIZATION,
+                {"Subscribe": grpc.unary_stream_rpc_method_handler(subscribe)},
+            ),
+        )
+    )
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    return server, health
+
+
+async def set_health(health: health_aio.HealthServicer, serving: bool) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for service in ("", SERVICE_INGEST, SERVICE_VISUALIZATION):
+        await health.set(service, status)

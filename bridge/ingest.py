@@ -1,0 +1,254 @@
+"""One edge connection, transport-agnostic: Hello → Welcome, then frames in and acks out.
+
+The WebSocket and gRPC adapters each wrap their connection in an :class:`EdgeTransport` and run
+:meth:`EdgeConnection.run`; every rule lives in the core, so both transports behave identically.
+Backpressure: when a ring is full this coroutine stops reading (the transport's own flow control
+then stops the sender) and tells the edge with ``FlowControl PAUSE`` / ``RESUME``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from bridge import codec
+from bridge.core import Offer
+from bridge.errors import (
+    FrameTooLarge,
+    ProtocolError,
+    ProtocolViolation,
+    Unauthenticated,
+)
+from bridge.session import Session
+from bridge.v1 import bridge_pb2 as pb
+
+if TYPE_CHECKING:
+    from bridge.app import BridgeService as Hub
+
+log = logging.getLogger("bridge.ingest")
+
+ERROR_CODES: dict[str, int] = {
+    "malformed": pb.MALFORMED,
+    "protocol_violation": pb.PROTOCOL_VIOLATION,
+    "unknown_stream": pb.UNKNOWN_STREAM,
+    "invalid_layout": pb.INVALID_LAYOUT,
+    "too_large": pb.TOO_LARGE,
+    "too_many_points": pb.TOO_MANY_POINTS,
+    "seq_regression": pb.SEQ_REGRESSION,
+    "too_many_streams": pb.TOO_MANY_STREAMS,
+    "too_many_sessions": pb.TOO_MANY_SESSIONS,
+    "unauthenticated": pb.UNAUTHENTICATED,
+}
+
+
+class EdgeTransport(Protocol):
+    name: str
+
+    async def recv(self) -> bytes | None:
+        """Next binary message, or None when the peer closed."""
+
+    async def send(self, data: bytes) -> None: ...
+
+    async def reject(self, error: ProtocolError) -> None:
+        """Report a fatal error the transport's way (close code / status) and end the call."""
+
+    async def close_going_away(self) -> None: ...
+
+
+class EdgeConnection:
+    def __init__(self, hub: Hub, transport: EdgeTransport, *, header_token: str = "") -> None:
+        self.hub = hub
+        self.transport = transport
+        self.header_token = header_token
+        self.session: Session | None = None
+        self.acks_due = asyncio.Event()
+        self.closed = asyncio.Event()
+        self._send_lock = asyncio.Lock()
+
+    async def send(self, msg: pb.BridgeMessage) -> None:
+        async with self._send_lock:
+            await self.transport.send(msg.SerializeToString())
+
+    async def run(self) -> None:
+        hub = self.hub
+        metrics = hub.metrics
+        transport = self.transport.name
+        metrics.connections.labels(transport).inc()
+        ack_task: asyncio.Task[None] | None = None
+        try:
+            raw = await self.transport.recv()
+            if raw is None:
+                return
+            try:
+                msg = codec.decode_edge(raw, hub.limits)
+                if msg.WhichOneof("kind") != "hello":
+                    raise ProtocolViolation("the first message must be Hello")
+                self._authenticate(msg.hello)
+                if hub.draining:
+                    await self.send(self._drain_message())
+                    return
+                self.session, welcome = hub.core.hello(msg.hello, self)
+            except ProtocolError as exc:
+                await self._refuse(exc, fatal=True)
+                return
+            hub.connections.add(self)
+            metrics.sessions.set(hub.core.attached_sessions)
+            await self.send(pb.BridgeMessage(welcome=welcome))
+            log.info(
+                "session %s device %s attached over %s (%d streams, resumed=%s)",
+                welcome.session_id,
+                msg.hello.device_id,
+                transport,
+                len(welcome.streams),
+                welcome.resumed,
+            )
+            ack_task = asyncio.create_task(self._ack_writer(), name="ack-writer")
+            await self._read_loop()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if ack_task is not None:
+                ack_task.cancel()
+            hub.connections.discard(self)
+            if self.session is not None:
+                hub.core.detach(self.session, self, time.monotonic())
+                metrics.sessions.set(hub.core.attached_sessions)
+            metrics.connections.labels(transport).dec()
+            self.closed.set()
+
+    def _authenticate(self, hello: pb.Hello) -> None:
+        expected = self.hub.settings.auth_token
+        if not expected:
+            return
+        offered = hello.auth_token or self.header_token
+        if not hmac.compare_digest(offered.encode(), expected.encode()):
+            raise Unauthenticated("missing or wrong bearer token")
+
+    async def _read_loop(self) -> None:
+        hub = self.hub
+        metrics = hub.metrics
+        transport = self.transport.name
+        assert self.session is not None
+        while True:
+            raw = await self.transport.recv()
+            if raw is None:
+                return
+            metrics.frames_received.labels(transport).inc()
+            metrics.bytes_received.labels(transport).inc(len(raw))
+            frame: pb.Frame | None = None
+            try:
+                msg = codec.decode_edge(raw, hub.limits)
+                if msg.WhichOneof("kind") != "frame":
+                    raise ProtocolViolation("Hello may only be sent once per connection")
+                frame = msg.frame
+                if hub.draining:
+                    continue  # not accepted, not acked: the edge resends it after reconnecting
+                await self._admit(frame, len(raw))
+            except ProtocolError as exc:
+                if exc.fatal:
+                    await self._refuse(exc, fatal=True)
+                    return
+                await self._refuse(exc, fatal=False, frame=frame)
+
+    async def _admit(self, frame: pb.Frame, size: int) -> None:
+        hub = self.hub
+        assert self.session is not None
+        paused = False
+        while True:
+            space = hub.space_event(self.session, frame.stream_id)
+            space.clear()
+            outcome = hub.core.offer(self.session, frame, size, time.time_ns())
+            if outcome is Offer.ACCEPTED:
+                hub.metrics.frames_accepted.inc()
+                break
+            if outcome is Offer.DUPLICATE:
+                hub.metrics.frames_duplicate.inc()
+                break
+            if not hub.core.fits(self.session, frame, size):
+                # Only possible after a live shrink below one frame; wait for the budget to grow.
+                log.warning("frame of %d bytes exceeds the ring capacity; waiting", size)
+            if not paused:
+                paused = True
+                hub.metrics.backpressure.inc()
+                await self.send(
+                    pb.BridgeMessage(
+                        flow_control=pb.FlowControl(
+                            action=pb.FlowControl.PAUSE, stream_id=frame.stream_id
+                        )
+                    )
+                )
+            await space.wait()
+            if hub.draining:
+                return
+        if paused:
+            await self.send(
+                pb.BridgeMessage(
+                    flow_control=pb.FlowControl(
+                        action=pb.FlowControl.RESUME, stream_id=frame.stream_id
+                    )
+                )
+            )
+
+    async def _refuse(
+        self, exc: ProtocolError, *, fatal: bool, frame: pb.Frame | None = None
+    ) -> None:
+        self.hub.metrics.rejected.labels(self.transport.name, exc.reason).inc()
+        log.info("refused input from %s: %s (%s)", self.transport.name, exc, exc.reason)
+        if fatal:
+            # An Error message first where the transport can still carry it, then the close.
+            if not isinstance(exc, FrameTooLarge):
+                with contextlib.suppress(ConnectionError):
+                    await self.send(self._error(exc, fatal=True))
+            await self.transport.reject(exc)
+            return
+        await self.send(self._error(exc, fatal=False, frame=frame))
+
+    @staticmethod
+    def _error(
+        exc: ProtocolError, *, fatal: bool, frame: pb.Frame | None = None
+    ) -> pb.BridgeMessage:
+        return pb.BridgeMessage(
+            error=pb.Error(
+                code=ERROR_CODES.get(exc.reason, pb.ERROR_CODE_UNSPECIFIED),  # type: ignore[arg-type]
+                message=str(exc),
+                stream_id=frame.stream_id if frame is not None else "",
+                seq=frame.seq if frame is not None else 0,
+                fatal=fatal,
+            )
+        )
+
+    async def _ack_writer(self) -> None:
+        assert self.session is not None
+        interval = self.hub.settings.ack_interval_seconds
+        while True:
+            await self.acks_due.wait()
+            self.acks_due.clear()
+            ack = self.hub.core.take_acks(self.session)
+            if ack is not None:
+                await self.send(pb.BridgeMessage(ack=ack))
+            await asyncio.sleep(interval)
+
+    def _drain_message(self) -> pb.BridgeMessage:
+        return pb.BridgeMessage(
+            drain=pb.Drain(
+                reconnect_after_ms=self.hub.settings.reconnect_after_ms, reason="shutting down"
+            )
+        )
+
+    async def drain(self) -> None:
+        """Tell the edge we are going away; it reconnects (elsewhere or to our successor) later."""
+        with contextlib.suppress(ConnectionError):
+            await self.send(self._drain_message())
+
+    async def final_acks(self) -> None:
+        """Flush the last delivered_seq so the edge can discard what was delivered."""
+        if self.session is None:
+            return
+        ack = self.hub.core.take_acks(self.session)
+        if ack is not None:
+            with contextlib.suppress(ConnectionError):
+                await self.send(pb.BridgeMessage(ack=ack))

@@ -1,0 +1,107 @@
+"""The data plane's Prometheus metrics, registered on an injected registry (never the global).
+
+Names follow DESIGN §5: namespace ``bridge_``, base units, ``_total`` counters, no per-device
+labels on high-rate series (label values are small closed sets: transport, reason, backend).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+_DECIMATE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5)
+
+
+class BridgeMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        r = registry
+        self.frames_received = Counter(
+            "bridge_frames_received_total", "Frames read from edges", ["transport"], registry=r
+        )
+        self.bytes_received = Counter(
+            "bridge_received_bytes_total", "Frame bytes read from edges", ["transport"], registry=r
+        )
+        self.frames_accepted = Counter(
+            "bridge_frames_accepted_total", "Frames admitted into a ring", registry=r
+        )
+        self.frames_duplicate = Counter(
+            "bridge_frames_duplicate_total",
+            "Resent frames at or below accepted_seq (re-acked, ignored)",
+            registry=r,
+        )
+        self.frames_delivered = Counter(
+            "bridge_frames_delivered_total",
+            "Frames acknowledged by the visualization side",
+            registry=r,
+        )
+        self.frames_dropped = Counter(
+            "bridge_frames_dropped_total", "Frames dropped, by reason", ["reason"], registry=r
+        )
+        self.rejected = Counter(
+            "bridge_rejected_messages_total",
+            "Bad input refused and reported to its sender, by reason",
+            ["transport", "reason"],
+            registry=r,
+        )
+        self.backpressure = Counter(
+            "bridge_backpressure_pauses_total",
+            "Times an edge was paused for a full ring",
+            registry=r,
+        )
+        self.ring_occupancy = Gauge(
+            "bridge_ring_occupancy_bytes", "Bytes held in all stream rings", registry=r
+        )
+        self.ring_capacity = Gauge(
+            "bridge_ring_capacity_bytes", "Per-stream ring capacity", registry=r
+        )
+        self.ring_frames = Gauge(
+            "bridge_ring_frames", "Frames held in all stream rings", registry=r
+        )
+        self.decimation_seconds = Histogram(
+            "bridge_decimation_seconds",
+            "Time spent in the decimation kernel per frame",
+            ["backend"],
+            buckets=_DECIMATE_BUCKETS,
+            registry=r,
+        )
+        self.processing_errors = Counter(
+            "bridge_processing_errors_total",
+            "Frames the decimator refused (delivered raw as passthrough)",
+            registry=r,
+        )
+        self.e2e_latency = Histogram(
+            "bridge_end_to_end_latency_seconds",
+            "Capture time to sink acknowledgement",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.sessions = Gauge("bridge_sessions", "Attached edge sessions", registry=r)
+        self.connections = Gauge(
+            "bridge_connections", "Open edge connections", ["transport"], registry=r
+        )
+        self.subscribers = Gauge("bridge_subscribers", "Connected Subscribe viewers", registry=r)
+        self.subscriber_dropped = Counter(
+            "bridge_subscriber_dropped_total",
+            "Frames a slow subscriber missed (announced to it as gaps)",
+            registry=r,
+        )
+        self.sink_connected = Gauge(
+            "bridge_sink_connected", "1 while the push stream to the sink is up", registry=r
+        )
+        self.sink_reconnects = Counter(
+            "bridge_sink_reconnects_total", "Push stream (re)connection attempts", registry=r
+        )
+        self.sink_replayed = Counter(
+            "bridge_sink_replayed_frames_total",
+            "Frames resent to the sink after a reconnect",
+            registry=r,
+        )
+        self.workers = Gauge("bridge_workers", "Worker pool size", registry=r)
+        self.decimate_backend = Gauge(
+            "bridge_decimate_backend",
+            "1 for the decimation backend in use",
+            ["backend"],
+            registry=r,
+        )
+        self.ready = Gauge("bridge_ready", "1 when ready to accept edges", registry=r)

@@ -1,0 +1,151 @@
+"""Processing stage: takes frames off the rings, decimates point clouds in the worker pool and
+hands the serialized results back to the core on the event loop.
+
+The decimation itself never runs on the loop. At most ``workers * depth`` frames are in flight,
+so a pool resize takes effect within one frame per worker. A frame the kernel refuses is still
+delivered (raw, ``backend="passthrough"``) and counted: the sink's seq accounting stays whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from bridge.core import BridgeCore, WorkItem
+from bridge.decimate import Decimator
+from bridge.v1 import bridge_pb2 as pb
+from bridge.workers import WorkerPool
+
+log = logging.getLogger("bridge.processing")
+
+Clock = Callable[[], int]
+
+
+def process_frame(
+    item: WorkItem, decimator: Decimator | None, clock: Clock = time.time_ns
+) -> tuple[bytes, float, str | None]:
+    """Build the serialized ProcessedFrame core for ``item`` (no bridge_seq, no gap).
+
+    Returns (bytes, decimation seconds, error text or None). Pure apart from the clock; runs on a
+    worker thread.
+    """
+    frame = item.frame
+    stream = item.stream
+    out = pb.ProcessedFrame(
+        stream_id=stream.stream_id,
+        seq=frame.seq,
+        device_id=stream.device_id,
+        capture_time_ns=frame.capture_time_ns,
+        ingest_time_ns=item.entry.ingest_ns,
+    )
+    spent = 0.0
+    error = None
+    if frame.WhichOneof("payload") == "telemetry":
+        out.telemetry.CopyFrom(frame.telemetry)
+    else:
+        cloud = frame.point_cloud
+        n_in = len(cloud.data) // cloud.point_stride
+        info = out.decimation
+        info.input_points = n_in
+        if decimator is None or stream.config.passthrough or item.layout is None:
+            out.point_cloud.CopyFrom(cloud)
+            info.output_points, info.backend = n_in, "passthrough"
+        else:
+            t0 = time.perf_counter()
+            try:
+                result = decimator.downsample(
+                    item.layout, cloud.data, stream.config.voxel_size, stream.config.max_points
+                )
+            except ValueError as exc:  # e.g. voxel keys overflow int64 for this voxel size
+                error = str(exc)
+                out.point_cloud.CopyFrom(cloud)
+                info.output_points, info.backend = n_in, "passthrough"
+            else:
+                spent = time.perf_counter() - t0
+                pc = out.point_cloud
+                pc.point_stride = cloud.point_stride
+                pc.fields.extend(cloud.fields)
+                pc.data = result.data
+                pc.frame_id = cloud.frame_id
+                if cloud.HasField("pose"):
+                    pc.pose.CopyFrom(cloud.pose)
+                info.output_points = result.points
+                info.voxel_size = result.voxel_size
+                info.backend = result.backend
+    out.processed_time_ns = clock()
+    return out.SerializeToString(), spent, error
+
+
+class Processor:
+    """Feeds the worker pool from the core and completes work back on the loop."""
+
+    def __init__(
+        self,
+        core: BridgeCore,
+        pool: WorkerPool,
+        decimator: Decimator | None,
+        *,
+        depth: int = 2,
+        on_done: Callable[[WorkItem, float, str | None], None] | None = None,
+    ) -> None:
+        self.core = core
+        self.pool = pool
+        self.decimator = decimator
+        self.depth = depth
+        self._on_done = on_done
+        self._in_flight = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def set_decimator(self, decimator: Decimator | None) -> None:
+        """Swap the backend live (GPU unhealthy -> CPU); frames in flight finish as they were."""
+        self.decimator = decimator
+
+    def kick(self) -> None:
+        """Dispatch as much work as the in-flight bound allows (call on the loop)."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        limit = self.pool.size * self.depth
+        while self._in_flight < limit:
+            item = self.core.take_work()
+            if item is None:
+                break
+            self._in_flight += 1
+            self._idle.clear()
+            self.pool.submit(self._task(item, self.decimator))
+
+    def _task(self, item: WorkItem, decimator: Decimator | None) -> Callable[[], None]:
+        loop = self._loop
+        assert loop is not None
+
+        def run() -> None:
+            try:
+                result = process_frame(item, decimator)
+            except Exception as exc:  # never lose the frame silently: report on the loop
+                log.exception("processing stream %s seq %s failed", item.stream.key, item.frame.seq)
+                result = (b"", 0.0, f"internal: {exc}")
+            loop.call_soon_threadsafe(self._finish, item, result)
+
+        return run
+
+    def _finish(self, item: WorkItem, result: tuple[bytes, float, str | None]) -> None:
+        self._in_flight -= 1
+        data, spent, error = result
+        if not data:  # internal failure: deliver the raw frame so seq accounting stays whole
+            data, spent, _ = process_frame(item, None)
+        self.core.complete(item, data)
+        if self._on_done is not None:
+            self._on_done(item, spent, error)
+        if self._in_flight == 0:
+            self._idle.set()
+        self.kick()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()

@@ -1,0 +1,134 @@
+"""Egress push client: the bridge dials the configured ``VisualizationSink`` and streams
+processed frames to it, replaying everything unacknowledged after any reconnect.
+
+Protocol: on a new Push stream the sink first sends its per-stream watermarks (what it already
+holds); the bridge marks those delivered and only then sends, so a restarted bridge never sends
+a frame twice. Afterwards the sink acknowledges cumulatively by ``bridge_seq``. Reconnects use
+exponential backoff with full jitter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from itertools import islice
+from typing import TYPE_CHECKING
+
+import grpc
+
+from bridge.egress import frame_bytes
+from bridge.v1 import bridge_pb2 as pb
+
+if TYPE_CHECKING:
+    from bridge.app import BridgeService
+
+log = logging.getLogger("bridge.push")
+
+PUSH_METHOD = "/bridge.v1.VisualizationSink/Push"
+_BATCH = 64
+
+
+class SinkPusher:
+    def __init__(self, service: BridgeService, address: str) -> None:
+        self.service = service
+        self.address = address
+        self._wake = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._sent_high = 0  # highest bridge_seq ever written (to count replays)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def run(self) -> None:
+        settings = self.service.settings
+        attempt = 0
+        max_msg = settings.max_frame_bytes + 64 * 1024
+        options = [
+            ("grpc.max_send_message_length", max_msg),
+            ("grpc.max_receive_message_length", max_msg),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", int(settings.sink_backoff_max_seconds * 1000)),
+        ]
+        while True:
+            self.service.metrics.sink_reconnects.inc()
+            async with grpc.aio.insecure_channel(self.address, options=options) as channel:
+                try:
+                    if await self._session(channel):
+                        attempt = 0
+                except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
+                    log.warning("sink %s: %s", self.address, _describe(exc))
+                finally:
+                    self._connected.clear()
+                    self.service.metrics.sink_connected.set(0)
+                    self.service.core.egress.clear_in_flight()
+            delay = min(
+                settings.sink_backoff_max_seconds,
+                settings.sink_backoff_initial_seconds * (2**attempt),
+            )
+            attempt += 1
+            await asyncio.sleep(random.uniform(delay / 2, delay))
+
+    async def _session(self, channel: grpc.aio.Channel) -> bool:
+        """One Push stream, until it fails. Returns True when the handshake succeeded."""
+        core = self.service.core
+        push = channel.stream_stream(
+            PUSH_METHOD, request_serializer=None, response_deserializer=pb.SinkAck.FromString
+        )
+        call = push(wait_for_ready=False)
+        first = await asyncio.wait_for(
+            call.read(), self.service.settings.sink_handshake_timeout_seconds
+        )
+        if first is grpc.aio.EOF:
+            raise ConnectionError("sink closed the stream before its watermarks")
+        assert isinstance(first, pb.SinkAck)
+        core.sink_watermarks([((w.device_id, w.stream_id), w.seq) for w in first.watermarks])
+        self._connected.set()
+        self.service.metrics.sink_connected.set(1)
+        log.info("sink %s connected (%d watermarks)", self.address, len(first.watermarks))
+        sender = asyncio.create_task(self._send_loop(call), name="sink-send")
+        try:
+            while True:
+                ack = await call.read()
+                if ack is grpc.aio.EOF:
+                    raise ConnectionError("sink ended the stream")
+                assert isinstance(ack, pb.SinkAck)
+                if ack.watermarks:
+                    core.sink_watermarks(
+                        [((w.device_id, w.stream_id), w.seq) for w in ack.watermarks]
+                    )
+                if ack.bridge_seq > core.egress.acked_bridge_seq:
+                    self.service.on_delivered(core.sink_ack(ack.bridge_seq))
+        finally:
+            sender.cancel()
+            call.cancel()
+
+    async def _send_loop(self, call: grpc.aio.StreamStreamCall[bytes, pb.SinkAck]) -> None:
+        core = self.service.core
+        cursor = core.egress.acked_bridge_seq
+        metrics = self.service.metrics
+        while True:
+            self._wake.clear()
+            batch = list(islice(core.egress.entries_after(cursor), _BATCH))
+            if not batch:
+                await self._wake.wait()
+                continue
+            for _, entry in batch:
+                cursor = entry.bridge_seq
+                if entry.removed:
+                    continue
+                entry.in_flight = True
+                if entry.bridge_seq <= self._sent_high:
+                    metrics.sink_replayed.inc()
+                self._sent_high = max(self._sent_high, entry.bridge_seq)
+                await call.write(frame_bytes(entry))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,222 @@
+"""Per-stream ring bounded in bytes (sans-I/O).
+
+A frame enters at acceptance and leaves only when the visualization side has acknowledged its
+processed result (or when a ``drop_oldest`` stream evicts it). Entries move through
+``PENDING -> PROCESSING -> READY`` and are charged their current size: the raw frame until it is
+processed, the (usually much smaller) processed result afterwards.
+
+``backpressure`` never drops: a full ring refuses admission and the ingest adapter stops reading.
+``drop_oldest`` evicts the oldest evictable entries to make room, counts them and attaches a
+:class:`Gap` to the next surviving entry of the stream so the viewer is told, never left to guess.
+An entry is evictable unless a worker is processing it or it is in flight to the sink.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+class Policy(enum.Enum):
+    BACKPRESSURE = "backpressure"
+    DROP_OLDEST = "drop_oldest"
+
+
+class State(enum.Enum):
+    PENDING = 1
+    PROCESSING = 2
+    READY = 3
+
+
+@dataclass(slots=True)
+class Gap:
+    """Frames ``first_seq..last_seq`` (``count`` of them) were not delivered before this one."""
+
+    first_seq: int
+    last_seq: int
+    count: int
+    reason: str
+
+    def merge(self, other: Gap) -> Gap:
+        reason = self.reason if self.reason == other.reason else "mixed"
+        return Gap(
+            min(self.first_seq, other.first_seq),
+            max(self.last_seq, other.last_seq),
+            self.count + other.count,
+            reason,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    seq: int
+    size: int
+    item: object  # the accepted frame, then the processed result
+    ingest_ns: int = 0
+    state: State = State.PENDING
+    gap: Gap | None = None
+    bridge_seq: int = 0  # set when committed to the egress log
+    in_flight: bool = False  # sent to the sink, not yet acknowledged
+    removed: bool = False  # acknowledged or evicted: egress skips it
+
+
+class AdmitResult(enum.Enum):
+    ACCEPTED = "accepted"
+    FULL = "full"  # backpressure: try again when space frees up
+
+
+@dataclass(slots=True)
+class RingStats:
+    admitted: int = 0
+    delivered: int = 0
+    evicted: int = 0
+
+
+class StreamRing:
+    """Ordered entries of one stream, bounded by ``capacity_bytes``."""
+
+    def __init__(self, capacity_bytes: int, policy: Policy = Policy.BACKPRESSURE) -> None:
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self.policy = policy
+        self.occupancy_bytes = 0
+        self.stats = RingStats()
+        self._entries: deque[Entry] = deque()
+        self._pending_gap: Gap | None = None  # evictions with no later entry yet
+        self._committed_upto = 0  # seq of the last entry handed to the egress log
+
+    # -- inspection -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries)
+
+    @property
+    def free_bytes(self) -> int:
+        return max(0, self.capacity_bytes - self.occupancy_bytes)
+
+    def fits(self, size: int) -> bool:
+        """Could a frame of ``size`` bytes ever be admitted at the current capacity?"""
+        return size <= self.capacity_bytes
+
+    # -- admission --------------------------------------------------------------------------
+    def admit(
+        self, seq: int, size: int, item: object, *, ingest_ns: int = 0, gap: Gap | None = None
+    ) -> tuple[AdmitResult, list[Entry]]:
+        """Admit a frame, or report FULL. Returns the entries evicted to make room."""
+        if self._entries and seq <= self._entries[-1].seq:
+            raise ValueError(f"seq {seq} is not above the ring's last seq {self._entries[-1].seq}")
+        if size > self.capacity_bytes:
+            return AdmitResult.FULL, []
+        evicted: list[Entry] = []
+        if self.occupancy_bytes + size > self.capacity_bytes:
+            if self.policy is Policy.BACKPRESSURE:
+                return AdmitResult.FULL, []
+            evicted = self._evict_until(self.capacity_bytes - size)
+            if self.occupancy_bytes + size > self.capacity_bytes:
+                return AdmitResult.FULL, evicted
+        entry = Entry(seq, size, item, ingest_ns=ingest_ns, gap=gap)
+        if self._pending_gap is not None:
+            entry.gap = (
+                self._pending_gap if entry.gap is None else self._pending_gap.merge(entry.gap)
+            )
+            self._pending_gap = None
+        self._entries.append(entry)
+        self.occupancy_bytes += size
+        self.stats.admitted += 1
+        return AdmitResult.ACCEPTED, evicted
+
+    def _evict_until(self, target_bytes: int) -> list[Entry]:
+        """Evict oldest evictable entries until occupancy <= target (drop_oldest only)."""
+        evicted: list[Entry] = []
+        kept: deque[Entry] = deque()
+        while self._entries and self.occupancy_bytes > target_bytes:
+            entry = self._entries.popleft()
+            if entry.state is State.PROCESSING or entry.in_flight:
+                kept.append(entry)
+                continue
+            self._drop(entry)
+            evicted.append(entry)
+        kept.extend(self._entries)
+        self._entries = kept
+        if evicted:
+            self._announce(evicted)
+        return evicted
+
+    def _drop(self, entry: Entry) -> None:
+        entry.removed = True
+        self.occupancy_bytes -= entry.size
+        self.stats.evicted += 1
+
+    def _announce(self, evicted: list[Entry]) -> None:
+        """Attach a gap for the evicted seqs to the next surviving entry (or keep it pending)."""
+        gap = Gap(evicted[0].seq, evicted[-1].seq, len(evicted), "drop_oldest")
+        for e in evicted:  # carry gaps the evicted entries were announcing
+            if e.gap is not None:
+                gap = gap.merge(e.gap)
+        last = evicted[-1].seq
+        for entry in self._entries:
+            if entry.seq > last:
+                entry.gap = gap if entry.gap is None else entry.gap.merge(gap)
+                return
+        self._pending_gap = gap if self._pending_gap is None else self._pending_gap.merge(gap)
+
+    # -- processing -------------------------------------------------------------------------
+    def take_pending(self) -> Entry | None:
+        """The oldest PENDING entry, now marked PROCESSING (None when there is none)."""
+        for entry in self._entries:
+            if entry.state is State.PENDING:
+                entry.state = State.PROCESSING
+                return entry
+        return None
+
+    def complete(self, entry: Entry, result: object, result_size: int) -> None:
+        """A worker finished ``entry``: charge the result's size instead of the raw frame's."""
+        if entry.removed:
+            return
+        entry.state = State.READY
+        entry.item = result
+        self.occupancy_bytes += result_size - entry.size
+        entry.size = result_size
+
+    def take_committable(self) -> list[Entry]:
+        """READY entries not yet committed whose predecessors are all committed (seq order)."""
+        out: list[Entry] = []
+        for entry in self._entries:
+            if entry.seq <= self._committed_upto:
+                continue
+            if entry.state is not State.READY:
+                break
+            out.append(entry)
+            self._committed_upto = entry.seq
+        return out
+
+    # -- delivery ---------------------------------------------------------------------------
+    def ack(self, seq: int) -> int:
+        """Cumulative ack: every entry with seq <= ``seq`` is delivered. Returns bytes freed."""
+        freed = 0
+        while self._entries and self._entries[0].seq <= seq:
+            entry = self._entries.popleft()
+            entry.removed = True
+            freed += entry.size
+            self.stats.delivered += 1
+        self.occupancy_bytes -= freed
+        self._committed_upto = max(self._committed_upto, seq)
+        if self._pending_gap is not None and self._pending_gap.last_seq <= seq:
+            self._pending_gap = None
+        return freed
+
+    # -- live resize ------------------------------------------------------------------------
+    def resize(self, capacity_bytes: int) -> list[Entry]:
+        """Change capacity live. Shrinking below occupancy evicts only under drop_oldest;
+        under backpressure the ring simply admits nothing until delivery drains it."""
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        if self.policy is Policy.DROP_OLDEST and self.occupancy_bytes > capacity_bytes:
+            return self._evict_until(capacity_bytes)
+        return []

@@ -1,0 +1,66 @@
+"""Sessions and streams (sans-I/O state): who is connected, what each stream has accepted and
+what the visualization side has acknowledged.
+
+A session outlives its connection so a device can resume: a Hello with the session's token (or
+the same device id) reattaches to it and the Welcome tells the device, per stream, what the
+bridge already holds (``accepted_seq``) and what was delivered (``delivered_seq``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bridge.ring import Policy, StreamRing
+
+StreamKey = tuple[str, str]  # (device_id, stream_id)
+
+KIND_POINT_CLOUD = 1
+KIND_TELEMETRY = 2
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    kind: int
+    voxel_size: float
+    passthrough: bool
+    policy: Policy
+    max_points: int
+
+
+@dataclass(eq=False)
+class Stream:
+    key: StreamKey
+    config: StreamConfig
+    ring: StreamRing
+    accepted_seq: int = 0
+    delivered_seq: int = 0
+    conn_last_seq: int = 0  # highest seq seen on the current connection (regression check)
+    upstream_gap_frames: int = 0
+
+    @property
+    def stream_id(self) -> str:
+        return self.key[1]
+
+    @property
+    def device_id(self) -> str:
+        return self.key[0]
+
+
+@dataclass(eq=False)
+class Session:
+    session_id: str
+    device_id: str
+    streams: dict[str, Stream] = field(default_factory=dict)
+    attached: bool = False
+    connection: object | None = None  # opaque handle owned by the ingest adapter
+    dirty: set[str] = field(default_factory=set)  # stream ids whose ack state changed
+    detached_at: float = 0.0
+
+    def reset_connection_state(self) -> None:
+        for stream in self.streams.values():
+            stream.conn_last_seq = 0
+        self.dirty.update(self.streams)
+
+    @property
+    def buffered_frames(self) -> int:
+        return sum(len(s.ring) for s in self.streams.values())

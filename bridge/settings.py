@@ -1,0 +1,230 @@
+"""One frozen settings object: flags > env ``BRIDGE_*`` > optional config file > defaults.
+
+Every field is keyword-only, grouped by concern; sizes are in bytes, durations in float seconds,
+named so. :func:`load` reports every invalid value at once (a :class:`ConfigError`), never just
+the first one, so an operator fixes a config in one round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bridge.errors import ConfigError
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    # Listeners (port 0 = pick a free port; the bound port is logged and exposed)
+    host: str = "0.0.0.0"
+    ws_port: int = 8080
+    grpc_port: int = 9090
+    http_port: int = 9100
+    # Limits
+    max_frame_bytes: int = 16 * MiB
+    max_points: int = 4_000_000
+    max_streams_per_session: int = 64
+    max_sessions: int = 1024
+    max_subscribers: int = 64
+    subscriber_queue_frames: int = 256
+    # Rings
+    ring_budget_bytes: int = 512 * MiB
+    ring_floor_bytes: int = 0  # 0 = max_frame_bytes (a ring can always hold one frame)
+    overflow_policy: str = "backpressure"  # backpressure | drop_oldest
+    # Processing
+    workers: int = 0  # 0 = from the CPU quota / affinity
+    worker_depth: int = 2
+    decimate_backend: str = "auto"  # auto | cuda | c | numpy
+    voxel_size: float = 0.05
+    passthrough: bool = False
+    # Egress
+    sink_address: str = ""  # host:port of a VisualizationSink; empty = no sink (auto-ack)
+    sink_backoff_initial_seconds: float = 0.1
+    sink_backoff_max_seconds: float = 5.0
+    sink_handshake_timeout_seconds: float = 5.0
+    # Timeouts
+    ping_interval_seconds: float = 20.0
+    ping_timeout_seconds: float = 20.0
+    ack_interval_seconds: float = 0.002
+    session_ttl_seconds: float = 300.0
+    drain_grace_seconds: float = 20.0
+    reconnect_after_ms: int = 1000
+    # Resources
+    cgroup_poll_seconds: float = 0.05
+    adapt: bool = True
+    # Operations
+    log_format: str = "text"  # text | json
+    log_level: str = "INFO"
+    auth_token: str = ""  # optional bearer token required from edges (Hello.auth_token / header)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    def public_dict(self) -> dict[str, Any]:
+        """Settings as a dict, secrets masked (for logs and /debug)."""
+        d = dataclasses.asdict(self)
+        if d["auth_token"]:
+            d["auth_token"] = "***"
+        return d
+
+
+_CHOICES = {
+    "overflow_policy": ("backpressure", "drop_oldest"),
+    "decimate_backend": ("auto", "cuda", "c", "numpy"),
+    "log_format": ("text", "json"),
+    "log_level": ("DEBUG", "INFO", "WARNING", "ERROR"),
+}
+_PORTS = ("ws_port", "grpc_port", "http_port")
+_NON_NEGATIVE = ("workers", "ring_floor_bytes", "voxel_size", "reconnect_after_ms")
+
+
+def _convert(name: str, kind: type, raw: object) -> object:
+    if isinstance(raw, kind) and not (kind is int and isinstance(raw, bool)):
+        return raw
+    text = str(raw).strip()
+    if kind is bool:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{name}: expected a boolean, got {raw!r}")
+    if kind is int:
+        return int(text.replace("_", ""))
+    if kind is float:
+        return float(text)
+    return text
+
+
+def _types() -> dict[str, type]:
+    return {
+        f.name: {"int": int, "float": float, "bool": bool, "str": str}[str(f.type)]
+        for f in fields(Settings)
+    }
+
+
+def read_file(path: Path) -> dict[str, object]:
+    """A YAML, TOML or JSON config file whose keys are Settings field names."""
+    text = path.read_text()
+    if path.suffix == ".toml":
+        data: object = tomllib.loads(text)
+    elif path.suffix == ".json":
+        data = json.loads(text)
+    else:
+        data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: expected a mapping at the top level"])
+    return data
+
+
+def load(
+    flags: Mapping[str, object] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> Settings:
+    """Merge the sources (flags > env > file > defaults) and validate everything at once."""
+    env = os.environ if env is None else env
+    types = _types()
+    problems: list[str] = []
+    merged: dict[str, object] = {}
+    if config_file is None and env.get("BRIDGE_CONFIG"):
+        config_file = Path(env["BRIDGE_CONFIG"])
+    if config_file is not None:
+        try:
+            file_values = read_file(config_file)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            problems.append(f"config file {config_file}: {exc}")
+            file_values = {}
+        for key, value in file_values.items():
+            if key not in types:
+                problems.append(f"config file {config_file}: unknown setting {key!r}")
+            else:
+                merged[key] = value
+    for name in types:
+        env_key = f"BRIDGE_{name.upper()}"
+        if env_key in env:
+            merged[name] = env[env_key]
+    for name, value in (flags or {}).items():
+        if value is not None:
+            merged[name] = value
+    values: dict[str, object] = {}
+    for name, raw in merged.items():
+        try:
+            values[name] = _convert(name, types[name], raw)
+        except ValueError:
+            problems.append(f"{name}: cannot parse {raw!r} as {types[name].__name__}")
+    settings = Settings(**values)  # type: ignore[arg-type]
+    problems += validate(settings)
+    if problems:
+        raise ConfigError(problems)
+    return settings
+
+
+def validate(s: Settings) -> list[str]:
+    problems = []
+    for name, choices in _CHOICES.items():
+        value = getattr(s, name)
+        if value not in choices:
+            problems.append(f"{name}: {value!r} is not one of {', '.join(choices)}")
+    for name in _PORTS:
+        if not 0 <= getattr(s, name) <= 65535:
+            problems.append(f"{name}: {getattr(s, name)} is not a port")
+    for name in _NON_NEGATIVE:
+        if getattr(s, name) < 0:
+            problems.append(f"{name}: must be >= 0")
+    for f in fields(Settings):
+        value = getattr(s, f.name)
+        positive = (
+            f.name.startswith("max_")
+            or f.name.endswith("_seconds")
+            or f.name in ("ring_budget_bytes", "worker_depth", "subscriber_queue_frames")
+        )
+        if positive and isinstance(value, int | float) and value <= 0:
+            problems.append(f"{f.name}: must be > 0")
+    if s.sink_backoff_initial_seconds > s.sink_backoff_max_seconds:
+        problems.append("sink_backoff_initial_seconds: must be <= sink_backoff_max_seconds")
+    return problems
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per setting (defaults None so unset flags do not override env/file)."""
+    defaults = Settings()
+    for f in fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        kind = _types()[f.name]
+        help_text = f"(default {getattr(defaults, f.name)!r}; env BRIDGE_{f.name.upper()})"
+        if kind is bool:
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                default=None,
+                type=str,
+                metavar=kind.__name__.upper(),
+                help=help_text,
+            )
+    parser.add_argument(
+        "--config", type=Path, default=None, help="YAML/TOML/JSON config file (env BRIDGE_CONFIG)"
+    )
+
+
+def from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
+    flags = {f.name: getattr(ns, f.name, None) for f in fields(Settings)}
+    return load(flags, env, getattr(ns, "config", None))

@@ -1,0 +1,110 @@
+"""WebSocket ingest adapter (``websockets`` asyncio server) at ``/v1/ingest``.
+
+Library defaults that bite a point-cloud relay are set deliberately (DESIGN §8): permessage-
+deflate off and ``max_size`` from settings. Fatal protocol errors close with 1007 (malformed),
+1009 (too big) or 1008 (policy); a draining bridge closes with 1001.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import TYPE_CHECKING
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+from websockets.http11 import Request, Response
+
+from bridge.errors import FrameTooLarge, MalformedMessage, ProtocolError
+from bridge.ingest import EdgeConnection
+
+if TYPE_CHECKING:
+    from bridge.app import BridgeService as Hub
+
+log = logging.getLogger("bridge.ws")
+
+INGEST_PATH = "/v1/ingest"
+
+
+def close_code(error: ProtocolError) -> int:
+    if isinstance(error, MalformedMessage):
+        return int(CloseCode.INVALID_DATA)  # 1007
+    if isinstance(error, FrameTooLarge):
+        return int(CloseCode.MESSAGE_TOO_BIG)  # 1009
+    return int(CloseCode.POLICY_VIOLATION)  # 1008
+
+
+class WsTransport:
+    name = "ws"
+
+    def __init__(self, ws: ServerConnection, hub: Hub) -> None:
+        self.ws = ws
+        self.hub = hub
+
+    async def recv(self) -> bytes | None:
+        try:
+            data = await self.ws.recv()
+        except ConnectionClosed as exc:
+            if exc.sent is not None and exc.sent.code == CloseCode.MESSAGE_TOO_BIG:
+                self.hub.metrics.rejected.labels("ws", FrameTooLarge.reason).inc()
+            return None
+        if isinstance(data, str):
+            raise MalformedMessage("text messages are not accepted; send binary protobuf")
+        return data
+
+    async def send(self, data: bytes) -> None:
+        try:
+            await self.ws.send(data)
+        except ConnectionClosed as exc:
+            raise ConnectionError(str(exc)) from None
+
+    async def reject(self, error: ProtocolError) -> None:
+        await self.ws.close(close_code(error), str(error)[:120])
+
+    async def close_going_away(self) -> None:
+        await self.ws.close(int(CloseCode.GOING_AWAY), "bridge shutting down")
+
+
+def _bearer(headers: Headers) -> str:
+    value = headers.get("Authorization", "")
+    return value[7:] if value.lower().startswith("bearer ") else ""
+
+
+async def start_ws_server(hub: Hub, host: str, port: int) -> Server:
+    settings = hub.settings
+
+    def check_path(conn: ServerConnection, request: Request) -> Response | None:
+        if request.path.split("?", 1)[0] != INGEST_PATH:
+            return conn.respond(404, f"WebSocket ingest is at {INGEST_PATH}\n")
+        if hub.draining:
+            return conn.respond(503, "draining\n")
+        return None
+
+    async def handler(ws: ServerConnection) -> None:
+        sock = ws.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport = WsTransport(ws, hub)
+        token = _bearer(ws.request.headers) if ws.request is not None else ""
+        conn = EdgeConnection(hub, transport, header_token=token)
+        try:
+            await conn.run()
+        except MalformedMessage as exc:  # a text frame: refuse like any malformed message
+            hub.metrics.rejected.labels("ws", exc.reason).inc()
+            await transport.reject(exc)
+
+    return await serve(
+        handler,
+        host,
+        port,
+        process_request=check_path,
+        compression=None,
+        # websockets enforces the size (closing with 1009) before we ever see the bytes.
+        max_size=settings.max_frame_bytes,
+        max_queue=16,
+        ping_interval=settings.ping_interval_seconds,
+        ping_timeout=settings.ping_timeout_seconds,
+        close_timeout=2.0,
+    )
