@@ -1,0 +1,129 @@
+/*
+ * voxel_module.c - bridge.decimate._native: the CPython glue around the CPU kernel.
+ *
+ * Only argument conversion lives here: the buffer protocol for the points (zero copy), a
+ * field table from a sequence of (offset, type, role) tuples, the GIL released around the
+ * kernel, and kernel status codes mapped to Python exceptions
+ * (SBV_EINVAL -> ValueError, SBV_EOVERFLOW -> OverflowError, SBV_ENOMEM -> MemoryError).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <unistd.h>
+
+#include "simbridge_voxel.h"
+
+static int parse_fields(PyObject *seq_obj, sbv_field *fields, size_t *n_fields) {
+    PyObject *seq = PySequence_Fast(seq_obj, "fields must be a sequence of (offset, type, role)");
+    if (!seq) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 3 || n > SBV_MAX_FIELDS) {
+        PyErr_Format(PyExc_ValueError, "need 3..%d fields, got %zd", SBV_MAX_FIELDS, n);
+        Py_DECREF(seq);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        unsigned long offset, type, role;
+        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "kkk", &offset, &type, &role)) {
+            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError, "field %zd must be a tuple (offset, type, role) of ints", i);
+            }
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (offset > UINT32_MAX || type > UINT32_MAX || role > UINT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "field %zd has an out-of-range value", i);
+            Py_DECREF(seq);
+            return -1;
+        }
+        fields[i] = (sbv_field){(uint32_t)offset, (uint32_t)type, (uint32_t)role};
+    }
+    *n_fields = (size_t)n;
+    Py_DECREF(seq);
+    return 0;
+}
+
+PyDoc_STRVAR(downsample_doc,
+"downsample(data, stride, fields, voxel_size, threads=1) -> (bytes, int)\n\n"
+"Voxel-downsample packed points (see native/simbridge_voxel.h). fields is a sequence\n"
+"of (offset, type, role); the GIL is released while the kernel runs.");
+
+static PyObject *py_downsample(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"data", "stride", "fields", "voxel_size", "threads", NULL};
+    Py_buffer view;
+    Py_ssize_t stride;
+    PyObject *fields_obj;
+    double voxel_size;
+    int threads = 1;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*nOd|i:downsample", kwlist, &view, &stride,
+                                     &fields_obj, &voxel_size, &threads))
+        return NULL;
+    PyObject *out = NULL;
+    sbv_field fields[SBV_MAX_FIELDS];
+    size_t n_fields = 0;
+    if (stride <= 0) {
+        PyErr_Format(PyExc_ValueError, "stride must be > 0, got %zd", stride);
+        goto done;
+    }
+    if (threads < 1) {
+        PyErr_Format(PyExc_ValueError, "threads must be >= 1, got %d", threads);
+        goto done;
+    }
+    if (view.len % stride) {
+        PyErr_Format(PyExc_ValueError, "data length %zd is not a multiple of stride %zd", view.len, stride);
+        goto done;
+    }
+    if (parse_fields(fields_obj, fields, &n_fields) < 0) goto done;
+    size_t points = (size_t)(view.len / stride);
+    out = PyBytes_FromStringAndSize(NULL, view.len);
+    if (!out) goto done;
+    sbv_cloud cloud = {view.buf, points, (size_t)stride, fields, n_fields};
+    size_t written = 0;
+    char err[256];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sbv_downsample_cpu(&cloud, voxel_size, threads, PyBytes_AS_STRING(out), points, &written,
+                            err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc != SBV_OK) {
+        Py_CLEAR(out);
+        PyObject *type = rc == SBV_EOVERFLOW ? PyExc_OverflowError
+                         : rc == SBV_ENOMEM  ? PyExc_MemoryError
+                                             : PyExc_ValueError;
+        PyErr_SetString(type, err[0] ? err : "voxel kernel failed");
+        goto done;
+    }
+    if (_PyBytes_Resize(&out, (Py_ssize_t)(written * (size_t)stride)) < 0) goto done;
+    PyObject *result = Py_BuildValue("(Nn)", out, (Py_ssize_t)written);
+    out = result;
+done:
+    PyBuffer_Release(&view);
+    return out;
+}
+
+static PyObject *py_cpu_count(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return PyLong_FromLong(n > 0 ? n : 1);
+}
+
+static PyMethodDef methods[] = {
+    {"downsample", (PyCFunction)(void (*)(void))py_downsample, METH_VARARGS | METH_KEYWORDS, downsample_doc},
+    {"cpu_count", py_cpu_count, METH_NOARGS, "Online CPUs (a default for the kernel's threads)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "bridge.decimate._native",
+    "CPU voxel-grid decimation kernel (native/voxel_cpu.c); see bridge.decimate.native.", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "ABI_VERSION", sbv_abi_version()) < 0) Py_CLEAR(m);
+    return m;
+}
