@@ -1,0 +1,822 @@
+"""Tests for the Helm chart in charts/simbridge.
+
+Every values file under charts/simbridge/ci/ is rendered with a real Helm engine, offline
+(helm-python-sdk bundles Helm 4 as a shared library), and every rendered object is validated with
+kubernetes-validate --strict against the Kubernetes 1.35, 1.36 and 1.37 schemas. On top of the
+schemas, which accept any string as a Quantity and any resizePolicy value, the tests check what
+Kubernetes itself would compute or reject: the QoS class (computed like
+pkg/apis/core/helper/qos.ComputePodQOS), Quantities, enum values, and that RBAC grants exactly what
+the bridge and the resizer use. Invalid values must be refused by values.schema.json (or by the
+templates' own checks) before anything reaches a cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read rendered manifests")
+helm = pytest.importorskip(
+    "helm_python",
+    reason="helm-python-sdk (bundled Helm engine) is not installed; pip install helm-python-sdk",
+)
+kv = pytest.importorskip(
+    "kubernetes_validate",
+    reason="kubernetes-validate is not installed; pip install kubernetes-validate",
+)
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "simbridge"
+CI_DIR = CHART / "ci"
+CI_FILES = sorted(p.name for p in CI_DIR.glob("*.yaml"))
+K8S_VERSIONS = ("1.35.0", "1.36.0", "1.37.0")
+RELEASE = "sb"
+NAMESPACE = "sim"
+FULLNAME = f"{RELEASE}-simbridge"
+# Kinds from CRDs the Kubernetes schemas do not cover (checked structurally instead).
+CRD_KINDS = {"ServiceMonitor"}
+WORKLOAD_KINDS = {"StatefulSet", "Deployment"}
+
+Obj = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _load_values(name: str) -> Obj:
+    loaded = yaml.safe_load((CI_DIR / name).read_text())
+    return loaded or {}
+
+
+class Renderer:
+    """Renders the chart once per values file (cached); objects come back parsed."""
+
+    def __init__(self) -> None:
+        self.chart = helm.Chart.load(str(CHART))
+        self._cache: dict[str, list[Obj]] = {}
+
+    def render_values(self, values: Obj) -> list[Obj]:
+        manifests = self.chart.render(values, name=RELEASE, namespace=NAMESPACE)
+        docs: list[Obj] = []
+        for path, text in sorted(manifests.items()):
+            if not path.endswith((".yaml", ".yml")):
+                continue  # NOTES.txt
+            docs.extend(d for d in yaml.safe_load_all(text) if d)
+        return docs
+
+    def ci(self, name: str) -> list[Obj]:
+        if name not in self._cache:
+            self._cache[name] = self.render_values(_load_values(name))
+        return copy.deepcopy(self._cache[name])
+
+
+@pytest.fixture(scope="module")
+def renderer() -> Iterator[Renderer]:
+    r = Renderer()
+    yield r
+    r.chart.close()
+
+
+@pytest.fixture(scope="module")
+def cached_validator() -> Iterator[Callable[[Obj, str], None]]:
+    """kubernetes_validate.validate(strict=True), with its schema files read once per run.
+
+    kubernetes-validate re-reads its 1.5 MB definitions file on every call; caching the reads keeps
+    a few hundred validations well under a second. The validation itself is the library's own.
+    """
+    utils = kv.utils
+    original = getattr(utils, "schema_contents", None)
+    if original is not None:
+        utils.schema_contents = functools.lru_cache(maxsize=None)(original)
+
+    def validate(obj: Obj, version: str) -> None:
+        kv.validate(obj, version, strict=True)
+
+    yield validate
+    if original is not None:
+        utils.schema_contents = original
+
+
+def by_kind(docs: list[Obj], kind: str) -> list[Obj]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[Obj], kind: str, name: str | None = None) -> Obj:
+    found = [d for d in by_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def workload(docs: list[Obj]) -> Obj:
+    found = [d for d in docs if d["kind"] in WORKLOAD_KINDS]
+    assert len(found) == 1
+    return found[0]
+
+
+def pod_spec(docs: list[Obj]) -> Obj:
+    spec: Obj = workload(docs)["spec"]["template"]["spec"]
+    return spec
+
+
+def bridge_container(docs: list[Obj]) -> Obj:
+    containers = pod_spec(docs)["containers"]
+    [c] = [c for c in containers if c["name"] == "bridge"]
+    return c
+
+
+# --------------------------------------------------------------------------- quantities and QoS
+
+_QUANTITY = re.compile(
+    r"^(?P<num>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?P<suffix>[a-zA-Z]*|[eE][+-]?[0-9]+)$"
+)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 10**3),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+}
+
+
+def parse_quantity(value: object) -> Fraction:
+    """Parse a Kubernetes resource.Quantity (the serialized forms the API server accepts)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"not a quantity: {value!r}")
+    text = str(value)
+    m = _QUANTITY.match(text)
+    if not m:
+        raise ValueError(f"not a quantity: {text!r}")
+    number = Fraction(m["num"])
+    suffix = m["suffix"]
+    if suffix in _BINARY:
+        return number * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return number * _DECIMAL[suffix]
+    if suffix[:1] in ("e", "E"):
+        return number * Fraction(10) ** int(suffix[1:])
+    raise ValueError(f"unknown quantity suffix in {text!r}")
+
+
+def test_parse_quantity_reference_values() -> None:
+    assert parse_quantity("500m") == Fraction(1, 2)
+    assert parse_quantity("2") == 2
+    assert parse_quantity(1.5) == Fraction(3, 2)
+    assert parse_quantity("2Gi") == 2 * 2**30
+    assert parse_quantity("1k") == 1000
+    assert parse_quantity("1e3") == 1000
+    for bad in ("two", "2GB", "", "1.2.3", "Gi", True):
+        with pytest.raises(ValueError):
+            parse_quantity(bad)
+
+
+QOS_RESOURCES = ("cpu", "memory")
+
+
+def _defaulted(resources: Obj | None) -> tuple[dict[str, Fraction], dict[str, Fraction]]:
+    """requests/limits after API-server defaulting (a limit without a request defaults the request)."""
+    resources = resources or {}
+    limits = {k: parse_quantity(v) for k, v in (resources.get("limits") or {}).items()}
+    requests = {k: parse_quantity(v) for k, v in (resources.get("requests") or {}).items()}
+    for name, lim in limits.items():
+        requests.setdefault(name, lim)
+    return requests, limits
+
+
+def compute_qos(spec: Obj) -> str:
+    """Pod QoS class as Kubernetes computes it (ComputePodQOS, PodLevelResources enabled)."""
+    pod_level = spec.get("resources")
+    if pod_level and (pod_level.get("requests") or pod_level.get("limits")):
+        requests, limits = _defaulted(pod_level)
+        requests = {k: v for k, v in requests.items() if k in QOS_RESOURCES and v > 0}
+        limits = {k: v for k, v in limits.items() if k in QOS_RESOURCES and v > 0}
+        guaranteed = set(limits) >= set(QOS_RESOURCES)
+    else:
+        requests, limits = {}, {}
+        guaranteed = True
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
+            c_req, c_lim = _defaulted(c.get("resources"))
+            for name, q in c_req.items():
+                if name in QOS_RESOURCES and q > 0:
+                    requests[name] = requests.get(name, Fraction(0)) + q
+            found = set()
+            for name, q in c_lim.items():
+                if name in QOS_RESOURCES and q > 0:
+                    found.add(name)
+                    limits[name] = limits.get(name, Fraction(0)) + q
+            if not found >= set(QOS_RESOURCES):
+                guaranteed = False
+    if not requests and not limits:
+        return "BestEffort"
+    if guaranteed:
+        for name, req in requests.items():
+            if limits.get(name) != req:
+                guaranteed = False
+                break
+    if guaranteed and len(requests) == len(limits):
+        return "Guaranteed"
+    return "Burstable"
+
+
+def test_compute_qos_reference_cases() -> None:
+    def pod(*resources: Obj, pod_level: Obj | None = None) -> Obj:
+        spec: Obj = {
+            "containers": [{"name": f"c{i}", "resources": r} for i, r in enumerate(resources)]
+        }
+        if pod_level is not None:
+            spec["resources"] = pod_level
+        return spec
+
+    g = {"limits": {"cpu": "1", "memory": "1Gi"}}
+    assert compute_qos(pod(g)) == "Guaranteed"
+    assert compute_qos(pod({"requests": {"cpu": "1000m", "memory": "1Gi"}, **g})) == "Guaranteed"
+    assert compute_qos(pod(g, {"requests": {"cpu": "1"}})) == "Burstable"
+    assert (
+        compute_qos(pod({"requests": {"cpu": "1"}, "limits": {"cpu": "2", "memory": "1Gi"}}))
+        == "Burstable"
+    )
+    assert compute_qos(pod({})) == "BestEffort"
+    assert compute_qos(pod({"limits": {"nvidia.com/gpu": "1"}})) == "BestEffort"
+    assert compute_qos(pod({}, pod_level={"limits": {"cpu": "2", "memory": "4Gi"}})) == "Guaranteed"
+    assert compute_qos(pod(g, pod_level={"requests": {"cpu": "1", "memory": "1Gi"}})) == "Burstable"
+
+
+# --------------------------------------------------------------------------- rendering and schemas
+
+
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_ci_values_render(renderer: Renderer, values_file: str) -> None:
+    docs = renderer.ci(values_file)
+    assert docs, "nothing rendered"
+    kinds = {d["kind"] for d in docs}
+    assert kinds & WORKLOAD_KINDS
+    assert {"Service", "ServiceAccount", "Role", "RoleBinding"} <= kinds
+    for d in docs:
+        assert d["metadata"]["name"], d
+        assert d["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+    names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert len(names) == len(set(names)), "duplicate objects"
+
+
+def test_ci_scenarios_are_present() -> None:
+    """The scenarios named in the issue each have a values file."""
+    for scenario in (
+        "default",
+        "burstable",
+        "dra-claim",
+        "dra-extended",
+        "resizer",
+        "pod-level-resources",
+        "monitoring",
+        "multi-replica",
+    ):
+        assert f"{scenario}-values.yaml" in CI_FILES
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_rendered_objects_pass_kubernetes_validate_strict(
+    renderer: Renderer,
+    cached_validator: Callable[[Obj, str], None],
+    values_file: str,
+    version: str,
+) -> None:
+    for d in renderer.ci(values_file):
+        if d["kind"] in CRD_KINDS:
+            continue
+        try:
+            cached_validator(d, version)
+        except kv.ValidationError as e:  # pragma: no cover - failure path
+            pytest.fail(
+                f"{d['kind']}/{d['metadata']['name']} invalid for {version}: {e.message} at {list(e.path)}"
+            )
+
+
+def test_kubernetes_validate_cli_strict(renderer: Renderer, tmp_path: Path) -> None:
+    """The same check through the kubernetes-validate command line, all scenarios in one call per version."""
+    files = []
+    for name in CI_FILES:
+        docs = [d for d in renderer.ci(name) if d["kind"] not in CRD_KINDS]
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump_all(docs))
+        files.append(str(path))
+    for version in K8S_VERSIONS:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kubernetes_validate",
+                "--strict",
+                "--quiet",
+                "-k",
+                version,
+                *files,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_servicemonitor_shape(renderer: Renderer) -> None:
+    docs = renderer.ci("monitoring-values.yaml")
+    sm = one(docs, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    metrics = one(docs, "Service", f"{FULLNAME}-metrics")
+    selector = sm["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= metrics["metadata"]["labels"].items()
+    # No other Service carries the metrics component label.
+    for svc in by_kind(docs, "Service"):
+        if svc is not metrics:
+            assert not selector.items() <= svc["metadata"]["labels"].items()
+    [endpoint] = sm["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in metrics["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]
+
+
+@pytest.mark.parametrize("kube_version", ["v" + v for v in K8S_VERSIONS])
+def test_helm_lint_clean(kube_version: str) -> None:
+    report = helm.lint(str(CHART), strict=True, kube_version=kube_version, namespace=NAMESPACE)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, report
+
+
+# --------------------------------------------------------------------------- resources, QoS, resize
+
+
+EXPECTED_QOS = {
+    "burstable-values.yaml": "Burstable",
+    "burstable-no-cpu-limit-values.yaml": "Burstable",
+}
+
+
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_qos_class(renderer: Renderer, values_file: str) -> None:
+    spec = pod_spec(renderer.ci(values_file))
+    assert compute_qos(spec) == EXPECTED_QOS.get(values_file, "Guaranteed")
+
+
+def test_default_is_guaranteed_with_requests_equal_limits(renderer: Renderer) -> None:
+    docs = renderer.render_values({})
+    resources = bridge_container(docs)["resources"]
+    assert resources["requests"] == resources["limits"]
+    assert compute_qos(pod_spec(docs)) == "Guaranteed"
+    assert workload(docs)["kind"] == "StatefulSet"
+
+
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_resize_policy_in_place_for_cpu_and_memory(renderer: Renderer, values_file: str) -> None:
+    policy = bridge_container(renderer.ci(values_file))["resizePolicy"]
+    assert {p["resourceName"]: p["restartPolicy"] for p in policy} == {
+        "cpu": "NotRequired",
+        "memory": "NotRequired",
+    }
+
+
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_quantities_and_enums_valid(renderer: Renderer, values_file: str) -> None:
+    docs = renderer.ci(values_file)
+    spec = pod_spec(docs)
+    blocks = [c.get("resources") or {} for c in spec["containers"]]
+    if "resources" in spec:
+        blocks.append(spec["resources"])
+    for block in blocks:
+        assert set(block) <= {"requests", "limits", "claims"}
+        requests, limits = _defaulted(block)
+        for name, q in {**requests, **limits}.items():
+            assert q > 0, (name, q)
+            if name == "cpu":
+                assert (q * 1000).denominator == 1, f"cpu {q} finer than 1m"
+            elif name == "memory":
+                assert q.denominator == 1
+        for name, lim in limits.items():
+            assert requests[name] <= lim, f"{name}: request above limit"
+    for vol in spec["volumes"]:
+        if "emptyDir" in vol and "sizeLimit" in vol["emptyDir"]:
+            parse_quantity(vol["emptyDir"]["sizeLimit"])
+    for c in spec["containers"]:
+        for p in c.get("resizePolicy", []):
+            assert p["resourceName"] in {"cpu", "memory"}
+            assert p["restartPolicy"] in {"NotRequired", "RestartContainer"}
+        assert c["imagePullPolicy"] in {"Always", "IfNotPresent", "Never"}
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["BRIDGE_LOG_FORMAT"] in {"json", "text"}
+        assert env["BRIDGE_DECIMATE_BACKEND"] in {"auto", "cuda", "c", "numpy"}
+    for svc in by_kind(docs, "Service"):
+        assert svc["spec"].get("type", "ClusterIP") in {"ClusterIP", "NodePort", "LoadBalancer"}
+
+
+def test_pod_level_resources(renderer: Renderer) -> None:
+    docs = renderer.ci("pod-level-resources-values.yaml")
+    spec = pod_spec(docs)
+    assert spec["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
+    assert spec["resources"]["requests"] == spec["resources"]["limits"]
+    # The container inherits the pod-level limits: no cpu/memory of its own.
+    assert "resources" not in bridge_container(docs)
+
+
+def test_burstable_keeps_requests_below_limits(renderer: Renderer) -> None:
+    res = bridge_container(renderer.ci("burstable-values.yaml"))["resources"]
+    assert res["requests"] == {"cpu": "250m", "memory": "1Gi"}
+    assert res["limits"] == {"cpu": "2", "memory": "4Gi"}
+    res = bridge_container(renderer.ci("burstable-no-cpu-limit-values.yaml"))["resources"]
+    assert "cpu" not in res["limits"]
+
+
+# --------------------------------------------------------------------------- pod wiring
+
+
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_downward_api_env_and_drain_consistent(renderer: Renderer, values_file: str) -> None:
+    docs = renderer.ci(values_file)
+    values = helm.Chart.load(str(CHART)).merge_values(_load_values(values_file))
+    c = bridge_container(docs)
+    env = {e["name"]: e for e in c["env"]}
+    assert env["BRIDGE_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["BRIDGE_POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    drain = int(env["BRIDGE_DRAIN_GRACE_SECONDS"]["value"])
+    assert drain == values["bridge"]["drainGraceSeconds"]
+    pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+    grace = pod_spec(docs)["terminationGracePeriodSeconds"]
+    assert grace > drain + pre_stop, "kubelet would SIGKILL before the drain grace ends"
+    if values["bridge"]["sinkAddress"]:
+        assert env["BRIDGE_SINK_ADDRESS"]["value"] == values["bridge"]["sinkAddress"]
+
+
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_probes_and_ports(renderer: Renderer, values_file: str) -> None:
+    c = bridge_container(renderer.ci(values_file))
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"ws": 8080, "grpc": 9090, "http-metrics": 9100}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http-metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http-metrics"}
+    assert c["startupProbe"]["grpc"]["port"] == 9090
+    # A throttled bridge (CPU shrunk in place) must not be restarted by its liveness probe quickly.
+    live = c["livenessProbe"]
+    assert live["timeoutSeconds"] * live["failureThreshold"] >= 20
+
+
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_security_defaults(renderer: Renderer, values_file: str) -> None:
+    docs = renderer.ci(values_file)
+    spec = pod_spec(docs)
+    c = bridge_container(docs)
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert "emptyDir" in vols[mounts["/tmp"]]
+
+
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_selectors_match_pods(renderer: Renderer, values_file: str) -> None:
+    docs = renderer.ci(values_file)
+    w = workload(docs)
+    pod_labels = w["spec"]["template"]["metadata"]["labels"]
+    assert w["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    for svc in by_kind(docs, "Service"):
+        assert svc["spec"]["selector"].items() <= pod_labels.items()
+    for pdb in by_kind(docs, "PodDisruptionBudget"):
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    for tsc in pod_spec(docs).get("topologySpreadConstraints", []):
+        assert tsc["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+    for np in by_kind(docs, "NetworkPolicy"):
+        assert np["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_statefulset_headless_service_and_pod_dns(renderer: Renderer) -> None:
+    docs = renderer.ci("multi-replica-values.yaml")
+    sts = one(docs, "StatefulSet")
+    headless = one(docs, "Service", f"{FULLNAME}-headless")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert sts["spec"]["serviceName"] == headless["metadata"]["name"]
+    assert sts["spec"]["replicas"] == 3
+    assert {p["port"] for p in headless["spec"]["ports"]} == {8080, 9090, 9100}
+    client = one(docs, "Service", FULLNAME)
+    assert {p["name"]: p["port"] for p in client["spec"]["ports"]} == {"ws": 8080, "grpc": 9090}
+    metrics = one(docs, "Service", f"{FULLNAME}-metrics")
+    assert [p["port"] for p in metrics["spec"]["ports"]] == [9100]
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_deployment_variant(renderer: Renderer) -> None:
+    docs = renderer.ci("deployment-values.yaml")
+    d = one(docs, "Deployment")
+    assert "serviceName" not in d["spec"]
+    assert d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    for rule in one(docs, "Role")["rules"]:
+        assert "resourceNames" not in rule, "a Deployment has no stable pod names to restrict to"
+
+
+# --------------------------------------------------------------------------- RBAC
+
+
+def _rules(role: Obj) -> set[tuple[str, str, str, tuple[str, ...]]]:
+    """Flatten rules to (apiGroup, resource, verb, resourceNames) tuples."""
+    out = set()
+    for rule in role["rules"]:
+        names = tuple(rule.get("resourceNames", ()))
+        for group in rule.get("apiGroups", []):
+            for resource in rule.get("resources", []):
+                for verb in rule.get("verbs", []):
+                    out.add((group, resource, verb, names))
+    return out
+
+
+def _bridge_role(docs: list[Obj]) -> Obj:
+    return one(docs, "Role", FULLNAME)
+
+
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_bridge_role_grants_exactly_what_the_bridge_uses(
+    renderer: Renderer, values_file: str
+) -> None:
+    docs = renderer.ci(values_file)
+    values = helm.Chart.load(str(CHART)).merge_values(_load_values(values_file))
+    w = workload(docs)
+    if w["kind"] == "StatefulSet":
+        own: tuple[str, ...] = tuple(f"{FULLNAME}-{i}" for i in range(w["spec"]["replicas"]))
+    else:
+        own = ()
+    expected = {
+        ("", "pods", "get", own),
+        ("", "pods", "watch", own),
+        ("", "events", "create", ()),
+        ("events.k8s.io", "events", "create", ()),
+    }
+    if values["dra"]["enabled"]:
+        expected.add(("resource.k8s.io", "resourceclaims", "get", ()))
+    assert _rules(_bridge_role(docs)) == expected
+    binding = one(docs, "RoleBinding", FULLNAME)
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": FULLNAME,
+    }
+    sa = pod_spec(docs)["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+    # Cluster-scoped read of ResourceSlices only when asked for, and only list/watch.
+    cluster_roles = by_kind(docs, "ClusterRole")
+    if values["rbac"]["resourceSlices"]:
+        [cr] = cluster_roles
+        assert _rules(cr) == {
+            ("resource.k8s.io", "resourceslices", "list", ()),
+            ("resource.k8s.io", "resourceslices", "watch", ()),
+        }
+        crb = one(docs, "ClusterRoleBinding")
+        assert crb["roleRef"]["name"] == cr["metadata"]["name"]
+        assert crb["subjects"] == binding["subjects"]
+    else:
+        assert not cluster_roles
+    # No wildcards anywhere.
+    for role in [*by_kind(docs, "Role"), *cluster_roles]:
+        for group, resource, verb, _ in _rules(role):
+            assert "*" not in (group, resource, verb)
+
+
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_resizer_role_is_pods_resize_patch_only(renderer: Renderer, values_file: str) -> None:
+    docs = renderer.ci(values_file)
+    values = helm.Chart.load(str(CHART)).merge_values(_load_values(values_file))
+    roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == f"{FULLNAME}-resizer"]
+    if not values["resizer"]["enabled"]:
+        assert not roles
+        return
+    [role] = roles
+    rules = _rules(role)
+    assert {(g, r, v) for g, r, v, _ in rules} == {("", "pods/resize", "patch")}
+    w = workload(docs)
+    if w["kind"] == "StatefulSet":
+        [(_, _, _, names)] = rules
+        assert names == tuple(f"{FULLNAME}-{i}" for i in range(w["spec"]["replicas"]))
+    binding = one(docs, "RoleBinding", f"{FULLNAME}-resizer")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    [subject] = binding["subjects"]
+    one(docs, "ServiceAccount", subject["name"])
+    assert subject["name"] != pod_spec(docs)["serviceAccountName"], (
+        "the bridge must not resize itself"
+    )
+
+
+# --------------------------------------------------------------------------- DRA and scheduling
+
+
+def test_dra_default_form_keeps_pod_resizable(renderer: Renderer) -> None:
+    """Default DRA form is the extended resource: no resources.claims (FACTS §0.1)."""
+    defaults = renderer.chart.values
+    assert defaults["dra"]["enabled"] is False
+    assert defaults["dra"]["mode"] == "extendedResource"
+    docs = renderer.render_values({"dra": {"enabled": True}})
+    c = bridge_container(docs)
+    assert "claims" not in c["resources"]
+    assert "resourceClaims" not in pod_spec(docs)
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_dra_extended_resource(renderer: Renderer) -> None:
+    docs = renderer.ci("dra-extended-values.yaml")
+    c = bridge_container(docs)
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "claims" not in c["resources"]
+    assert c["image"].endswith("-gpu")
+    assert not by_kind(docs, "ResourceClaimTemplate")
+    docs = renderer.ci("dra-extended-deviceclass-values.yaml")
+    dc = one(docs, "DeviceClass")
+    assert dc["apiVersion"] == "resource.k8s.io/v1"
+    assert dc["spec"]["extendedResourceName"] == "example.com/gpu"
+    assert bridge_container(docs)["resources"]["limits"]["example.com/gpu"] == "1"
+
+
+def test_dra_claim_template(renderer: Renderer) -> None:
+    docs = renderer.ci("dra-claim-values.yaml")
+    rct = one(docs, "ResourceClaimTemplate")
+    assert rct["apiVersion"] == "resource.k8s.io/v1"
+    [request] = rct["spec"]["spec"]["devices"]["requests"]
+    assert request["name"] == "mig"
+    exactly = request["exactly"]
+    assert exactly["deviceClassName"] == "mig.nvidia.com"
+    assert exactly["allocationMode"] == "ExactCount" and exactly["count"] == 1
+    assert exactly["selectors"] == [
+        {"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"}}
+    ]
+    spec = pod_spec(docs)
+    assert spec["resourceClaims"] == [
+        {"name": "gpu", "resourceClaimTemplateName": rct["metadata"]["name"]}
+    ]
+    assert bridge_container(docs)["resources"]["claims"] == [{"name": "gpu"}]
+
+
+def test_priority_class(renderer: Renderer) -> None:
+    docs = renderer.ci("resizer-values.yaml")
+    pc = one(docs, "PriorityClass")
+    assert pc["value"] == 200000 and pc["globalDefault"] is False
+    assert pc["preemptionPolicy"] == "PreemptLowerPriority"
+    assert pod_spec(docs)["priorityClassName"] == pc["metadata"]["name"]
+    assert "priorityClassName" not in pod_spec(renderer.ci("default-values.yaml"))
+
+
+def test_network_policy(renderer: Renderer) -> None:
+    np = one(renderer.ci("monitoring-values.yaml"), "NetworkPolicy")
+    assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    egress_ports = {p["port"] for rule in np["spec"]["egress"] for p in rule["ports"]}
+    assert {53, 443, 6443, 7000} <= egress_ports
+
+
+# --------------------------------------------------------------------------- values schema
+
+
+def _schema() -> Obj:
+    loaded: Obj = json.loads((CHART / "values.schema.json").read_text())
+    return loaded
+
+
+def test_values_schema_is_valid_and_accepts_every_ci_file() -> None:
+    schema = _schema()
+    validator_cls = jsonschema.validators.validator_for(schema)
+    validator_cls.check_schema(schema)
+    validator = validator_cls(schema)
+    chart_defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    validator.validate(chart_defaults)
+    with helm.Chart.load(str(CHART)) as chart:
+        for name in CI_FILES:
+            validator.validate(chart.merge_values(_load_values(name)))
+
+
+def test_values_yaml_documented_line_by_line() -> None:
+    """Every leaf key in values.yaml has a comment right above it (or belongs to a Kubernetes-shaped block)."""
+    passthrough = {"requests", "limits", "podSecurityContext", "securityContext", "updateStrategy"}
+    stack: list[tuple[int, str]] = []
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    undocumented = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)([A-Za-z][\w.-]*):(.*)$", line)
+        if not m:
+            continue
+        indent, key, rest = len(m[1]), m[2], m[3].strip()
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parents = {k for _, k in stack}
+        stack.append((indent, key))
+        is_leaf = rest != "" and not rest.startswith("#")
+        if not is_leaf or parents & passthrough:
+            continue
+        j = i - 1
+        while (
+            j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith("# --")
+        ):
+            j -= 1  # continuation lines of a multi-line comment
+        if j < 0 or not lines[j].strip().startswith("#"):
+            undocumented.append(key)
+    assert not undocumented, f"values without a comment: {undocumented}"
+
+
+BAD_VALUES: list[tuple[str, Obj]] = [
+    ("unknown-top-level-key", {"replicaCount": 2}),
+    (
+        "unknown-nested-key",
+        {"resizePolicy": {"cpu": "NotRequired", "memory": "NotRequired", "restartDelay": 5}},
+    ),
+    ("qos-besteffort", {"qosClass": "BestEffort"}),
+    ("resize-policy-kep-typo", {"resizePolicy": {"cpu": "RestartRequired"}}),
+    ("cpu-garbage", {"resources": {"limits": {"cpu": "two"}}}),
+    ("cpu-zero", {"resources": {"limits": {"cpu": "0"}}}),
+    ("cpu-sub-millicore", {"resources": {"limits": {"cpu": "0.0005"}}}),
+    ("memory-wrong-suffix", {"resources": {"limits": {"memory": "2GB"}}}),
+    ("memory-as-number", {"resources": {"limits": {"memory": 2147483648}}}),
+    ("extended-resource-key-in-resources", {"resources": {"limits": {"nvidia.com/gpu": "1"}}}),
+    ("guaranteed-without-memory-limit", {"resources": {"limits": {"cpu": "1", "memory": None}}}),
+    ("log-format", {"bridge": {"logFormat": "xml"}}),
+    ("decimate-backend", {"bridge": {"decimateBackend": "gpu"}}),
+    ("drain-negative", {"bridge": {"drainGraceSeconds": -1}}),
+    ("sink-address-url", {"bridge": {"sinkAddress": "http://sink:7000/x"}}),
+    ("image-variant", {"image": {"variant": "arm"}}),
+    ("workload-kind", {"workload": {"kind": "DaemonSet"}}),
+    ("dra-mode", {"dra": {"enabled": True, "mode": "claim"}}),
+    ("extended-resource-no-domain", {"dra": {"extendedResource": {"name": "gpu"}}}),
+    ("extended-resource-k8s-domain", {"dra": {"extendedResource": {"name": "kubernetes.io/gpu"}}}),
+    ("allocation-mode", {"dra": {"claimTemplate": {"allocationMode": "Some"}}}),
+    ("device-class-uppercase", {"dra": {"claimTemplate": {"deviceClassName": "MIG.nvidia.com"}}}),
+    ("pdb-both", {"podDisruptionBudget": {"minAvailable": 1, "maxUnavailable": 1}}),
+    ("scrape-interval", {"serviceMonitor": {"interval": "often"}}),
+    ("service-type", {"service": {"type": "ExternalName"}}),
+    ("replicas-string", {"replicas": "3"}),
+    ("pod-level-without-limits", {"podResources": {"enabled": True}}),
+]
+
+
+@pytest.mark.parametrize(("case", "values"), BAD_VALUES, ids=[c for c, _ in BAD_VALUES])
+def test_invalid_values_rejected_by_schema(renderer: Renderer, case: str, values: Obj) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        renderer.render_values(values)
+    # The same verdict from a plain JSON-Schema validator on the merged values.
+    merged = renderer.chart.merge_values(values)
+    validator = jsonschema.validators.validator_for(_schema())(_schema())
+    assert list(validator.iter_errors(merged)), f"{case}: jsonschema accepted it"
+
+
+TEMPLATE_ERRORS: list[tuple[str, Obj, str]] = [
+    (
+        "guaranteed-requests-differ",
+        {"resources": {"requests": {"cpu": "500m"}}},
+        "qosClass=Guaranteed needs resources.requests.cpu == resources.limits.cpu",
+    ),
+    (
+        "burstable-equal-to-limits",
+        {"qosClass": "Burstable"},
+        "Kubernetes would compute Guaranteed",
+    ),
+    (
+        "burstable-without-requests",
+        {"qosClass": "Burstable", "resources": {"requests": None}},
+        "qosClass=Burstable needs resources.requests.cpu",
+    ),
+    (
+        "resizer-existing-sa-without-name",
+        {"resizer": {"enabled": True, "serviceAccount": {"create": False}}},
+        "resizer.serviceAccount.name is required",
+    ),
+    (
+        "deviceclass-without-name",
+        {"dra": {"enabled": True, "extendedResource": {"deviceClass": {"create": True}}}},
+        "dra.extendedResource.deviceClass.name is required",
+    ),
+    (
+        "claim-template-existing-without-name",
+        {"dra": {"enabled": True, "mode": "claimTemplate", "claimTemplate": {"create": False}}},
+        "dra.claimTemplate.existingName is required",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "values", "message"), TEMPLATE_ERRORS, ids=[c for c, _, _ in TEMPLATE_ERRORS]
+)
+def test_inconsistent_values_fail_rendering(
+    renderer: Renderer, case: str, values: Obj, message: str
+) -> None:
+    with pytest.raises(helm.HelmError) as err:
+        renderer.render_values(values)
+    assert message in str(err.value), f"{case}: {err.value}"
