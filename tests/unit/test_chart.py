@@ -190,7 +190,7 @@ QOS_RESOURCES = ("cpu", "memory")
 
 
 def _defaulted(resources: Obj | None) -> tuple[dict[str, Fraction], dict[str, Fraction]]:
-    """requests/limits after API-server defaulting (a limit without a request defaults the request)."""
+    """requests/limits after API-server defaulting: a limit without a request defaults it."""
     resources = resources or {}
     limits = {k: parse_quantity(v) for k, v in (resources.get("limits") or {}).items()}
     requests = {k: parse_quantity(v) for k, v in (resources.get("requests") or {}).items()}
@@ -304,12 +304,13 @@ def test_rendered_objects_pass_kubernetes_validate_strict(
             cached_validator(d, version)
         except kv.ValidationError as e:  # pragma: no cover - failure path
             pytest.fail(
-                f"{d['kind']}/{d['metadata']['name']} invalid for {version}: {e.message} at {list(e.path)}"
+                f"{d['kind']}/{d['metadata']['name']} invalid for {version}: "
+                f"{e.message} at {list(e.path)}"
             )
 
 
 def test_kubernetes_validate_cli_strict(renderer: Renderer, tmp_path: Path) -> None:
-    """The same check through the kubernetes-validate command line, all scenarios in one call per version."""
+    """The same check through the kubernetes-validate CLI: all scenarios, one call per version."""
     files = []
     for name in CI_FILES:
         docs = [d for d in renderer.ci(name) if d["kind"] not in CRD_KINDS]
@@ -706,7 +707,10 @@ def test_values_schema_is_valid_and_accepts_every_ci_file() -> None:
 
 
 def test_values_yaml_documented_line_by_line() -> None:
-    """Every leaf key in values.yaml has a comment right above it (or belongs to a Kubernetes-shaped block)."""
+    """Every leaf key in values.yaml has a comment right above it.
+
+    Keys inside Kubernetes-shaped blocks (requests, securityContext) are documented by the block.
+    """
     passthrough = {"requests", "limits", "podSecurityContext", "securityContext", "updateStrategy"}
     stack: list[tuple[int, str]] = []
     lines = (CHART / "values.yaml").read_text().splitlines()
