@@ -421,6 +421,7 @@ def test_quantities_and_enums_valid(renderer: Renderer, values_file: str) -> Non
         assert c["imagePullPolicy"] in {"Always", "IfNotPresent", "Never"}
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert env["BRIDGE_LOG_FORMAT"] in {"json", "text"}
+        assert env["BRIDGE_LOG_LEVEL"] in {"DEBUG", "INFO", "WARNING", "ERROR"}
         assert env["BRIDGE_DECIMATE_BACKEND"] in {"auto", "cuda", "c", "numpy"}
     for svc in by_kind(docs, "Service"):
         assert svc["spec"].get("type", "ClusterIP") in {"ClusterIP", "NodePort", "LoadBalancer"}
@@ -566,7 +567,6 @@ def test_bridge_role_grants_exactly_what_the_bridge_uses(
         ("", "pods", "get", own),
         ("", "pods", "watch", own),
         ("", "events", "create", ()),
-        ("events.k8s.io", "events", "create", ()),
     }
     if values["dra"]["enabled"]:
         expected.add(("resource.k8s.io", "resourceclaims", "get", ()))
@@ -753,6 +753,7 @@ BAD_VALUES: list[tuple[str, Obj]] = [
     ("extended-resource-key-in-resources", {"resources": {"limits": {"nvidia.com/gpu": "1"}}}),
     ("guaranteed-without-memory-limit", {"resources": {"limits": {"cpu": "1", "memory": None}}}),
     ("log-format", {"bridge": {"logFormat": "xml"}}),
+    ("log-level", {"bridge": {"logLevel": "info"}}),
     ("decimate-backend", {"bridge": {"decimateBackend": "gpu"}}),
     ("drain-negative", {"bridge": {"drainGraceSeconds": -1}}),
     ("sink-address-url", {"bridge": {"sinkAddress": "http://sink:7000/x"}}),
