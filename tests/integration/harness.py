@@ -1,0 +1,175 @@
+"""Shared helpers for integration tests: real bridges (in-process or as a child process), raw
+protocol clients for bad-input tests, and small cloud builders. Everything binds 127.0.0.1:0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from bridge import settings as settings_mod
+from bridge.app import BridgeService
+from bridge.v1 import bridge_pb2 as pb
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bridge_settings(**overrides: Any) -> settings_mod.Settings:
+    base = settings_mod.Settings(
+        host="127.0.0.1",
+        ws_port=0,
+        grpc_port=0,
+        http_port=0,
+        adapt=False,
+        ack_interval_seconds=0.001,
+        sink_backoff_initial_seconds=0.05,
+        sink_backoff_max_seconds=0.5,
+        workers=2,
+    )
+    return base.replace(**overrides)
+
+
+@asynccontextmanager
+async def running_bridge(**overrides: Any) -> AsyncIterator[BridgeService]:
+    service = BridgeService(bridge_settings(**overrides), CollectorRegistry())
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.close()
+
+
+def ws_url(service: BridgeService) -> str:
+    assert service.ports is not None
+    return f"ws://127.0.0.1:{service.ports.ws}/v1/ingest"
+
+
+def grpc_target(service: BridgeService) -> str:
+    assert service.ports is not None
+    return f"127.0.0.1:{service.ports.grpc}"
+
+
+def metric(service: BridgeService, name: str, **labels: str) -> float:
+    value = service.registry.get_sample_value(name, labels or None)
+    return 0.0 if value is None else value
+
+
+def xyz_cloud(points: np.ndarray) -> pb.PointCloud:
+    data = np.ascontiguousarray(points, dtype="<f4")
+    return pb.PointCloud(
+        point_stride=12,
+        fields=[
+            pb.PackedField(name="x", offset=0, type=pb.FLOAT32),
+            pb.PackedField(name="y", offset=4, type=pb.FLOAT32),
+            pb.PackedField(name="z", offset=8, type=pb.FLOAT32),
+        ],
+        data=data.tobytes(),
+    )
+
+
+def cloud_frame(stream: str, seq: int, n: int = 8, seed: int = 0) -> pb.Frame:
+    rng = np.random.default_rng(seed + seq)
+    return pb.Frame(stream_id=stream, seq=seq, point_cloud=xyz_cloud(rng.uniform(-5, 5, (n, 3))))
+
+
+def hello(device: str, *streams: str, **kw: Any) -> pb.EdgeMessage:
+    specs = [pb.StreamSpec(stream_id=s, kind=pb.POINT_CLOUD) for s in streams]
+    return pb.EdgeMessage(hello=pb.Hello(device_id=device, streams=specs, **kw))
+
+
+async def wait_until(predicate: Any, timeout: float = 10.0, step: float = 0.01) -> bool:  # noqa: ASYNC109
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(step)
+    return True
+
+
+class RawGrpcEdge:
+    """A bare Ingest.Connect call driven message by message (for bad-input tests)."""
+
+    def __init__(self, target: str) -> None:
+        self.channel = grpc.aio.insecure_channel(
+            target,
+            options=[
+                ("grpc.max_send_message_length", 64 << 20),
+                ("grpc.max_receive_message_length", 64 << 20),
+            ],
+        )
+        method = self.channel.stream_stream(
+            "/bridge.v1.Ingest/Connect",
+            request_serializer=None,
+            response_deserializer=pb.BridgeMessage.FromString,
+        )
+        self.call = method()
+
+    async def send(self, raw: bytes) -> None:
+        await self.call.write(raw)
+
+    async def recv(self, timeout: float = 5.0) -> pb.BridgeMessage | None:  # noqa: ASYNC109
+        msg = await asyncio.wait_for(self.call.read(), timeout)
+        return None if msg is grpc.aio.EOF else msg
+
+    async def status(self) -> grpc.StatusCode:
+        return await asyncio.wait_for(self.call.code(), 5.0)
+
+    async def close(self) -> None:
+        self.call.cancel()
+        await self.channel.close()
+
+
+@dataclass
+class BridgeProcess:
+    """``simbridge serve`` as a real child process (for SIGTERM / SIGKILL lifecycle tests)."""
+
+    proc: subprocess.Popen[str]
+    ws: int
+    grpc: int
+    http: int
+
+    @classmethod
+    async def start(cls, *args: str, env: dict[str, str] | None = None) -> BridgeProcess:
+        cmd = [sys.executable, "-m", "bridge.cli", "serve", "--host", "127.0.0.1", *args]
+        full_env = {**os.environ, "BRIDGE_ADAPT": "false", **(env or {})}
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT
+        )
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+        if not line.startswith("SIMBRIDGE_READY"):
+            proc.kill()
+            _, err = proc.communicate(timeout=5)
+            raise RuntimeError(f"bridge did not start: {line!r}\n{err}")
+        ports = dict(kv.split("=") for kv in line.split()[1:])
+        return cls(proc, int(ports["ws"]), int(ports["grpc"]), int(ports["http"]))
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.ws}/v1/ingest"
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    async def wait(self, timeout: float = 30.0) -> int:  # noqa: ASYNC109
+        return await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout)
+
+    def stderr(self) -> str:
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,231 @@
+"""BridgeCore without an event loop: sessions, admission rules, gaps, acks, watermarks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bridge import codec
+from bridge.core import BridgeCore, CoreConfig, Offer
+from bridge.egress import frame_bytes
+from bridge.errors import (
+    InvalidLayout,
+    ProtocolViolation,
+    SeqRegression,
+    TooManyPoints,
+    TooManySessions,
+    TooManyStreams,
+    UnknownStream,
+)
+from bridge.ring import Entry, Policy
+from bridge.session import Session, Stream
+from bridge.v1 import bridge_pb2 as pb
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.space: list[tuple[str, str]] = []
+        self.acks: list[str] = []
+        self.work = 0
+        self.committed: list[tuple[str, int]] = []
+        self.evicted = 0
+
+    def on_space(self, stream: Stream) -> None:
+        self.space.append(stream.key)
+
+    def on_acks(self, session: Session) -> None:
+        self.acks.append(session.session_id)
+
+    def on_work(self) -> None:
+        self.work += 1
+
+    def on_committed(self, entries: list[tuple[Stream, Entry]]) -> None:
+        self.committed += [(s.stream_id, e.seq) for s, e in entries]
+
+    def on_evicted(self, stream: Stream, count: int) -> None:
+        self.evicted += count
+
+
+def make_core(**overrides: object) -> tuple[BridgeCore, Recorder]:
+    limits = codec.Limits(
+        max_frame_bytes=int(overrides.pop("max_frame_bytes", 10_000)),  # type: ignore[call-overload]
+        max_points=int(overrides.pop("max_points", 1000)),  # type: ignore[call-overload]
+        max_streams_per_session=int(overrides.pop("max_streams", 4)),  # type: ignore[call-overload]
+    )
+    cfg = CoreConfig(
+        limits=limits,
+        max_sessions=int(overrides.pop("max_sessions", 2)),  # type: ignore[call-overload]
+        default_voxel_size=0.1,
+        default_policy=Policy.BACKPRESSURE,
+        default_passthrough=False,
+        ring_budget_bytes=int(overrides.pop("budget", 100_000)),  # type: ignore[call-overload]
+        ring_floor_bytes=0,
+    )
+    rec = Recorder()
+    return BridgeCore(cfg, rec), rec
+
+
+def hello(device: str = "dev", streams: tuple[str, ...] = ("lidar",), **kw: object) -> pb.Hello:
+    specs = [
+        pb.StreamSpec(stream_id=s, kind=pb.TELEMETRY if s.startswith("t") else pb.POINT_CLOUD)
+        for s in streams
+    ]
+    return pb.Hello(device_id=device, streams=specs, **kw)  # type: ignore[arg-type]
+
+
+def cloud_frame(stream: str, seq: int, n: int = 4) -> pb.Frame:
+    xyz = np.arange(n * 3, dtype="<f4")
+    return pb.Frame(
+        stream_id=stream,
+        seq=seq,
+        point_cloud=pb.PointCloud(
+            point_stride=12,
+            fields=[
+                pb.PackedField(name="x", offset=0, type=pb.FLOAT32),
+                pb.PackedField(name="y", offset=4, type=pb.FLOAT32),
+                pb.PackedField(name="z", offset=8, type=pb.FLOAT32),
+            ],
+            data=xyz.tobytes(),
+        ),
+    )
+
+
+def test_hello_welcome_and_resume_by_token_and_device() -> None:
+    core, _ = make_core()
+    s1, w1 = core.hello(hello(), "conn1")
+    assert not w1.resumed and w1.session_id == s1.session_id
+    assert core.offer(s1, cloud_frame("lidar", 1), 100, 0) is Offer.ACCEPTED
+    core.detach(s1, "conn1", now=0.0)
+    s2, w2 = core.hello(hello(resume_token=s1.session_id), "conn2")
+    assert s2 is s1 and w2.resumed
+    assert [(s.stream_id, s.accepted_seq, s.delivered_seq) for s in w2.streams] == [("lidar", 1, 0)]
+    s3, w3 = core.hello(hello(), "conn3")  # same device, no token: still resumes
+    assert s3 is s1 and w3.resumed and s3.connection == "conn3"
+
+
+def test_resume_state_from_hello_sets_the_baseline_of_a_new_stream() -> None:
+    core, _ = make_core()
+    s, w = core.hello(hello(resume=[pb.ResumeState(stream_id="lidar", delivered_seq=7)]), "c")
+    assert w.streams[0].delivered_seq == 7
+    assert core.offer(s, cloud_frame("lidar", 7), 100, 0) is Offer.DUPLICATE
+    assert core.offer(s, cloud_frame("lidar", 8), 100, 0) is Offer.ACCEPTED
+    assert s.streams["lidar"].upstream_gap_frames == 0
+
+
+def test_duplicates_reacked_regression_refused_and_upstream_gap_recorded() -> None:
+    core, rec = make_core()
+    s, _ = core.hello(hello(), "c")
+    assert core.offer(s, cloud_frame("lidar", 1), 100, 0) is Offer.ACCEPTED
+    with pytest.raises(SeqRegression):
+        core.offer(s, cloud_frame("lidar", 1), 100, 0)
+    core.detach(s, "c", 0.0)
+    s, _ = core.hello(hello(), "c2")  # a resend after reconnect is a duplicate, not an error
+    rec.acks.clear()
+    assert core.offer(s, cloud_frame("lidar", 1), 100, 0) is Offer.DUPLICATE
+    assert rec.acks, "a duplicate is re-acked"
+    assert core.offer(s, cloud_frame("lidar", 5), 100, 0) is Offer.ACCEPTED
+    stream = s.streams["lidar"]
+    assert stream.upstream_gap_frames == 3
+    last = list(stream.ring)[-1]
+    assert last.gap is not None and (last.gap.first_seq, last.gap.last_seq) == (2, 4)
+    assert last.gap.reason == "upstream"
+
+
+def test_bad_input_is_classified() -> None:
+    core, _ = make_core(max_points=3)
+    s, _ = core.hello(hello(streams=("lidar", "tele")), "c")
+    with pytest.raises(UnknownStream):
+        core.offer(s, cloud_frame("nope", 1), 10, 0)
+    with pytest.raises(TooManyPoints):
+        core.offer(s, cloud_frame("lidar", 1, n=4), 10, 0)
+    bad = cloud_frame("lidar", 1, n=2)
+    bad.point_cloud.data = bad.point_cloud.data[:-1]
+    with pytest.raises(InvalidLayout, match="multiple"):
+        core.offer(s, bad, 10, 0)
+    overlap = cloud_frame("lidar", 1, n=2)
+    overlap.point_cloud.fields[1].offset = 2
+    with pytest.raises(InvalidLayout, match="overlap"):
+        core.offer(s, overlap, 10, 0)
+    with pytest.raises(InvalidLayout, match="expects telemetry"):
+        core.offer(s, cloud_frame("tele", 1), 10, 0)
+    with pytest.raises(SeqRegression):
+        core.offer(s, cloud_frame("lidar", 0), 10, 0)
+    assert core.offer(s, cloud_frame("lidar", 1, n=2), 10, 0) is Offer.ACCEPTED
+
+
+def test_session_and_stream_limits() -> None:
+    core, _ = make_core(max_sessions=1, max_streams=2)
+    with pytest.raises(TooManyStreams):
+        core.hello(hello(streams=("a", "b", "c")), "c")
+    core.hello(hello("d1"), "c1")
+    with pytest.raises(TooManySessions):
+        core.hello(hello("d2"), "c2")
+    with pytest.raises(ProtocolViolation):
+        core.hello(pb.Hello(), "c3")
+
+
+def test_processing_commit_sink_ack_and_delivered_seq() -> None:
+    core, rec = make_core()
+    s, _ = core.hello(hello(), "c")
+    for seq in (1, 2, 3):
+        core.offer(s, cloud_frame("lidar", seq), 100, 0)
+    items = [core.take_work() for _ in range(3)]
+    assert core.take_work() is None
+    assert all(items)
+
+    def done(i: int) -> None:
+        item = items[i]
+        assert item is not None
+        core.complete(item, pb.ProcessedFrame(stream_id="lidar", seq=i + 1).SerializeToString())
+
+    done(1)
+    assert rec.committed == []
+    done(0)
+    assert rec.committed == [("lidar", 1), ("lidar", 2)]
+    done(2)
+    delivered = core.sink_ack(2)
+    assert [e.seq for e in delivered] == [1, 2]
+    ack = core.take_acks(s)
+    assert ack is not None
+    assert (ack.streams[0].accepted_seq, ack.streams[0].delivered_seq) == (3, 2)
+    wire = pb.ProcessedFrame.FromString(frame_bytes(list(s.streams["lidar"].ring)[0]))
+    assert (wire.seq, wire.bridge_seq, wire.HasField("gap")) == (3, 3, False)
+
+
+def test_watermarks_mark_frames_delivered_and_future_resends_duplicate() -> None:
+    core, _ = make_core()
+    core.sink_watermarks([(("dev", "lidar"), 5)])  # before the stream exists
+    s, w = core.hello(hello(), "c")
+    assert w.streams[0].delivered_seq == 5
+    assert core.offer(s, cloud_frame("lidar", 4), 100, 0) is Offer.DUPLICATE
+    assert core.offer(s, cloud_frame("lidar", 6), 100, 0) is Offer.ACCEPTED
+    assert core.offer(s, cloud_frame("lidar", 7), 100, 0) is Offer.ACCEPTED
+    core.sink_watermarks([(("dev", "lidar"), 6)])  # while frames are buffered
+    stream = s.streams["lidar"]
+    assert [e.seq for e in stream.ring] == [7] and stream.delivered_seq == 6
+
+
+def test_ring_budget_split_with_floor_and_shrink_is_backpressure() -> None:
+    core, _ = make_core(max_frame_bytes=100, budget=1000)
+    s, _ = core.hello(hello(streams=("a", "b")), "c")
+    assert core.ring_capacity_per_stream == 500
+    for seq in range(1, 5):
+        assert core.offer(s, cloud_frame("a", seq), 100, 0) is Offer.ACCEPTED
+    core.set_ring_budget(200, 0)
+    assert core.ring_capacity_per_stream == 100  # budget/2, never below one frame
+    assert len(s.streams["a"].ring) == 4, "backpressure: a shrink keeps every frame"
+    assert core.offer(s, cloud_frame("a", 5), 100, 0) is Offer.FULL
+
+
+def test_drop_oldest_stream_from_hello() -> None:
+    core, rec = make_core(max_frame_bytes=100, budget=300)
+    h = pb.Hello(
+        device_id="d",
+        streams=[pb.StreamSpec(stream_id="a", kind=pb.POINT_CLOUD, overflow=pb.DROP_OLDEST)],
+    )
+    s, _ = core.hello(h, "c")
+    for seq in range(1, 6):
+        assert core.offer(s, cloud_frame("a", seq), 100, 0) is Offer.ACCEPTED
+    assert rec.evicted == 2
+    first = list(s.streams["a"].ring)[0]
+    assert first.seq == 3 and first.gap is not None and first.gap.count == 2
