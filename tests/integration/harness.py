@@ -143,7 +143,7 @@ class BridgeProcess:
     async def start(cls, *args: str, env: dict[str, str] | None = None) -> BridgeProcess:
         cmd = [sys.executable, "-m", "bridge.cli", "serve", "--host", "127.0.0.1", *args]
         full_env = {**os.environ, "BRIDGE_ADAPT": "false", **(env or {})}
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(  # noqa: ASYNC220  (spawning does not block; reads go to threads)
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT
         )
         assert proc.stdout is not None

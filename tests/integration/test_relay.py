@@ -22,31 +22,33 @@ FRAMES = 12
 
 async def test_ws_and_grpc_edges_deliver_every_frame_in_order_decimated_like_numpy() -> None:
     received: list[pb.ProcessedFrame] = []
-    async with SinkServer(fsync=False, on_frame=received.append) as sink:
-        async with running_bridge(sink_address=sink.address, voxel_size=0.5) as bridge:
-            streams = [StreamConfig("lidar"), StreamConfig("imu", kind="telemetry")]
-            edges = [
-                EdgeClient("ws", ws_url(bridge), "ws-edge", streams),
-                EdgeClient("grpc", grpc_target(bridge), "grpc-edge", streams),
-            ]
-            clouds: dict[tuple[str, int], Any] = {}
-            for edge in edges:
-                await edge.start()
-            for seq in range(1, FRAMES + 1):
-                for i, edge in enumerate(edges):
-                    cloud = synthetic(2000, seed=seq * 10 + i)
-                    clouds[(edge.device_id, seq)] = cloud
-                    await edge.publish("lidar", cloud.to_proto())
-                    await edge.publish("imu", {"ax": float(seq), "ay": 0.5})
-            for edge in edges:
-                assert await edge.wait_delivered(20), edge.stats.as_dict()
-            for edge in edges:
-                assert edge.stats.disconnects == 0
-                await edge.close()
-            totals = sink.record.totals()
-            assert totals["delivered"] == 2 * 2 * FRAMES
-            assert totals["lost"] == totals["duplicates"] == totals["reorders"] == 0
-            assert metric(bridge, "bridge_frames_delivered_total") == 4 * FRAMES
+    async with (
+        SinkServer(fsync=False, on_frame=received.append) as sink,
+        running_bridge(sink_address=sink.address, voxel_size=0.5) as bridge,
+    ):
+        streams = [StreamConfig("lidar"), StreamConfig("imu", kind="telemetry")]
+        edges = [
+            EdgeClient("ws", ws_url(bridge), "ws-edge", streams),
+            EdgeClient("grpc", grpc_target(bridge), "grpc-edge", streams),
+        ]
+        clouds: dict[tuple[str, int], Any] = {}
+        for edge in edges:
+            await edge.start()
+        for seq in range(1, FRAMES + 1):
+            for i, edge in enumerate(edges):
+                cloud = synthetic(2000, seed=seq * 10 + i)
+                clouds[(edge.device_id, seq)] = cloud
+                await edge.publish("lidar", cloud.to_proto())
+                await edge.publish("imu", {"ax": float(seq), "ay": 0.5})
+        for edge in edges:
+            assert await edge.wait_delivered(20), edge.stats.as_dict()
+        for edge in edges:
+            assert edge.stats.disconnects == 0
+            await edge.close()
+        totals = sink.record.totals()
+        assert totals["delivered"] == 2 * 2 * FRAMES
+        assert totals["lost"] == totals["duplicates"] == totals["reorders"] == 0
+        assert metric(bridge, "bridge_frames_delivered_total") == 4 * FRAMES
 
     reference = get_decimator("numpy")
     by_stream: dict[tuple[str, str], list[int]] = {}

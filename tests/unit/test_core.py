@@ -188,7 +188,7 @@ def test_processing_commit_sink_ack_and_delivered_seq() -> None:
     ack = core.take_acks(s)
     assert ack is not None
     assert (ack.streams[0].accepted_seq, ack.streams[0].delivered_seq) == (3, 2)
-    wire = pb.ProcessedFrame.FromString(frame_bytes(list(s.streams["lidar"].ring)[0]))
+    wire = pb.ProcessedFrame.FromString(frame_bytes(next(iter(s.streams["lidar"].ring))))
     assert (wire.seq, wire.bridge_seq, wire.HasField("gap")) == (3, 3, False)
 
 
@@ -227,5 +227,5 @@ def test_drop_oldest_stream_from_hello() -> None:
     for seq in range(1, 6):
         assert core.offer(s, cloud_frame("a", seq), 100, 0) is Offer.ACCEPTED
     assert rec.evicted == 2
-    first = list(s.streams["a"].ring)[0]
+    first = next(iter(s.streams["a"].ring))
     assert first.seq == 3 and first.gap is not None and first.gap.count == 2

@@ -1,0 +1,470 @@
+"""EdgeClient against a tiny fake ingest server (real websockets and grpc.aio servers).
+
+The fake keeps just enough of the bridge's side of the protocol to drive every client path:
+sessions that resume or not, cumulative Acks whose delivery the test releases by hand, and
+FlowControl / Error / Drain messages pushed on demand. Each scenario runs over both transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+import websockets
+from websockets.asyncio.server import ServerConnection, serve
+
+from bridge.v1 import bridge_pb2 as pb
+from bridge.v1 import bridge_pb2_grpc
+from loadgen.edge import EdgeClient, Publisher, StreamConfig
+
+MAX = 16 * 1024 * 1024
+
+
+class FakeConn:
+    """One server-side connection, transport-neutral: recv/send/kill."""
+
+    def __init__(self, send: Any, recv: Any, close: Any) -> None:
+        self._send, self._recv, self._close = send, recv, close
+        self.killed = asyncio.Event()
+        self.session = ""
+
+    async def send(self, msg: pb.BridgeMessage) -> None:
+        await self._send(msg)
+
+    async def recv(self) -> pb.EdgeMessage | None:
+        recv = asyncio.ensure_future(self._recv())
+        kill = asyncio.ensure_future(self.killed.wait())
+        await asyncio.wait({recv, kill}, return_when=asyncio.FIRST_COMPLETED)
+        kill.cancel()
+        if self.killed.is_set():
+            recv.cancel()
+            with contextlib.suppress(BaseException):
+                await recv
+            await self._close()
+            return None
+        return recv.result()  # type: ignore[no-any-return]
+
+
+@dataclass
+class Session:
+    accepted: dict[str, int] = field(default_factory=dict)
+    delivered: dict[str, int] = field(default_factory=dict)
+    device: str = ""
+
+
+class FakeBridge:
+    """Welcome + Acks; ``hold`` keeps delivery back until ``release``."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, Session] = {}
+        self.conns: list[FakeConn] = []
+        self.hellos: list[pb.Hello] = []
+        self.frames: list[tuple[str, int]] = []
+        self.sink: dict[tuple[str, str], int] = {}  # survives restart(), like the real sink
+        self.hold = False
+        self.ignore_frames = False  # receive but do not accept (frames lost in flight)
+        self.on_welcome: list[pb.BridgeMessage] = []
+        self._n = 0
+        self.changed = asyncio.Event()
+
+    async def serve(self, conn: FakeConn) -> None:
+        first = await conn.recv()
+        if first is None or first.WhichOneof("kind") != "hello":
+            return
+        hello = first.hello
+        self.hellos.append(hello)
+        sess = self.sessions.get(hello.resume_token)
+        resumed = sess is not None
+        if sess is None:
+            self._n += 1
+            token = f"session-{self._n}"
+            sess = self.sessions[token] = Session(device=hello.device_id)
+            for spec in hello.streams:
+                done = self.sink.get((hello.device_id, spec.stream_id), 0)
+                sess.accepted[spec.stream_id] = sess.delivered[spec.stream_id] = done
+        else:
+            token = hello.resume_token
+        conn.session = token
+        states = [
+            pb.StreamState(stream_id=s, delivered_seq=sess.delivered[s], accepted_seq=a)
+            for s, a in sess.accepted.items()
+        ]
+        welcome = pb.Welcome(session_id=token, streams=states, resumed=resumed)
+        await conn.send(pb.BridgeMessage(welcome=welcome))
+        for msg in self.on_welcome:
+            await conn.send(msg)
+        self.conns.append(conn)
+        try:
+            while (msg := await conn.recv()) is not None:
+                frame = msg.frame
+                self.frames.append((frame.stream_id, frame.seq))
+                self.changed.set()
+                if self.ignore_frames:
+                    continue
+                sid = frame.stream_id
+                sess.accepted[sid] = max(sess.accepted[sid], frame.seq)
+                if not self.hold:
+                    sess.delivered[sid] = sess.accepted[sid]
+                    self.sink[(sess.device, sid)] = sess.delivered[sid]
+                await conn.send(self._ack(sess, sid))
+        finally:
+            self.conns.remove(conn)
+
+    @staticmethod
+    def _ack(sess: Session, sid: str) -> pb.BridgeMessage:
+        sa = pb.StreamAck(
+            stream_id=sid, accepted_seq=sess.accepted[sid], delivered_seq=sess.delivered[sid]
+        )
+        return pb.BridgeMessage(ack=pb.Ack(streams=[sa]))
+
+    async def release(self, upto: int | None = None) -> None:
+        """Deliver everything accepted (or up to ``upto``) and tell the live connections."""
+        for sess in self.sessions.values():
+            for sid, acc in sess.accepted.items():
+                sess.delivered[sid] = max(sess.delivered[sid], acc if upto is None else upto)
+                self.sink[(sess.device, sid)] = sess.delivered[sid]
+        for conn in list(self.conns):
+            sess = self.sessions.get(conn.session)
+            if sess is not None:
+                for sid in sess.accepted:
+                    await conn.send(self._ack(sess, sid))
+
+    async def broadcast(self, msg: pb.BridgeMessage) -> None:
+        for conn in list(self.conns):
+            await conn.send(msg)
+
+    def kill(self) -> None:
+        """Drop every connection abruptly (the sessions survive: a network blip)."""
+        for conn in list(self.conns):
+            conn.killed.set()
+
+    def restart(self) -> None:
+        """A bridge restart: connections and sessions gone; only the sink's watermarks stay."""
+        self.sessions.clear()
+        self.kill()
+
+    async def frames_at_least(self, n: int, timeout: float = 5.0) -> list[tuple[str, int]]:  # noqa: ASYNC109
+        async with asyncio.timeout(timeout):
+            while len(self.frames) < n:
+                self.changed.clear()
+                await self.changed.wait()
+        return self.frames
+
+
+class WsFront:
+    def __init__(self, fake: FakeBridge) -> None:
+        self.fake = fake
+        self.server: Any = None
+        self.port = 0
+
+    async def _handler(self, ws: ServerConnection) -> None:
+        async def send(msg: pb.BridgeMessage) -> None:
+            with contextlib.suppress(websockets.ConnectionClosed):
+                await ws.send(msg.SerializeToString())
+
+        async def recv() -> pb.EdgeMessage | None:
+            try:
+                return pb.EdgeMessage.FromString(await ws.recv())
+            except websockets.ConnectionClosed:
+                return None
+
+        async def close() -> None:
+            ws.transport.abort()
+
+        await self.fake.serve(FakeConn(send, recv, close))
+
+    async def start(self, port: int = 0) -> str:
+        self.server = await serve(self._handler, "127.0.0.1", port, max_size=MAX, compression=None)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return f"ws://127.0.0.1:{self.port}/v1/ingest"
+
+    async def stop(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+
+class GrpcFront(bridge_pb2_grpc.IngestServicer):
+    def __init__(self, fake: FakeBridge) -> None:
+        self.fake = fake
+        self.server: Any = None
+
+    async def Connect(self, request_iterator: Any, context: Any) -> None:
+        async def recv() -> pb.EdgeMessage | None:
+            msg = await context.read()
+            return None if msg is grpc.aio.EOF else msg
+
+        async def close() -> None:
+            pass  # returning from the handler ends the call
+
+        await self.fake.serve(FakeConn(context.write, recv, close))
+
+    async def start(self) -> str:
+        opts = [("grpc.max_receive_message_length", MAX), ("grpc.max_send_message_length", MAX)]
+        self.server = grpc.aio.server(options=opts)
+        bridge_pb2_grpc.add_IngestServicer_to_server(self, self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        return f"127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        await self.server.stop(0.2)
+
+
+@dataclass
+class Env:
+    fake: FakeBridge
+    transport: str
+    url: str
+
+    def client(self, streams: tuple[str, ...] = ("a",), **kw: Any) -> EdgeClient:
+        specs = [StreamConfig(s, kind="telemetry") for s in streams]
+        return EdgeClient(self.transport, self.url, "dev1", specs, seed=1, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["ws", "grpc"])
+async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
+    fake = FakeBridge()
+    front: WsFront | GrpcFront = WsFront(fake) if request.param == "ws" else GrpcFront(fake)
+    url = await front.start()
+    yield Env(fake, request.param, url)
+    await front.stop()
+
+
+async def settle(client: EdgeClient, predicate: Any, what: str) -> None:
+    assert await client.wait_for(predicate, 5.0), f"timed out waiting for {what}: {client.stats}"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_hello_then_frames_delivered_with_latency(env: Env) -> None:
+    specs = [
+        StreamConfig("lidar", voxel_size=0.2, max_points=5000),
+        StreamConfig("tel", kind="telemetry"),
+    ]
+    c = EdgeClient(env.transport, env.url, "robot-7", specs)  # type: ignore[arg-type]
+    await c.start()
+    hello = env.fake.hellos[0]
+    assert hello.device_id == "robot-7" and hello.resume_token == ""
+    assert [(s.stream_id, s.kind, s.voxel_size) for s in hello.streams] == [
+        ("lidar", pb.POINT_CLOUD, 0.2),
+        ("tel", pb.TELEMETRY, 0.0),
+    ]
+    assert [(r.stream_id, r.delivered_seq) for r in hello.resume] == [("lidar", 0), ("tel", 0)]
+    seqs = [await c.publish("tel", {"v": float(i)}) for i in range(5)]
+    await c.publish("lidar", pb.PointCloud(point_stride=12))
+    assert seqs == [1, 2, 3, 4, 5]
+    assert await c.wait_delivered(5.0)
+    assert env.fake.frames == [("tel", i) for i in range(1, 6)] + [("lidar", 1)]
+    s = c.stats
+    assert (s.published, s.sent, s.resent, s.acked_delivered, s.acked_accepted) == (6, 6, 0, 6, 6)
+    assert len(s.latency_ns) == 6 and all(x >= 0 for x in s.latency_ns)
+    await c.close()
+    assert c.stats.disconnects == 0
+
+
+async def test_connection_loss_and_bridge_restart_resend_above_delivered(env: Env) -> None:
+    env.fake.hold = True
+    c = env.client()
+    await c.start()
+    first_session = c.session_id
+    for i in range(6):
+        await c.publish("a", b"x%d" % i)
+    await env.fake.frames_at_least(6)
+    await env.fake.release(upto=2)
+    await settle(c, lambda: c.stats.acked_delivered == 2, "delivered=2")
+    assert c.core.buffered_frames == 4  # 3..6 kept: never discarded before delivered
+
+    env.fake.restart()  # sessions lost; the sink (watermark 2) is not
+    await settle(c, lambda: c.stats.reconnects == 1, "reconnect")
+    hello = env.fake.hellos[-1]
+    assert hello.resume_token == first_session
+    assert [(r.stream_id, r.delivered_seq) for r in hello.resume] == [("a", 2)]
+    assert c.welcome is not None and not c.welcome.resumed
+    frames = await env.fake.frames_at_least(10)
+    assert frames[6:] == [("a", 3), ("a", 4), ("a", 5), ("a", 6)]
+    await env.fake.release()
+    assert await c.wait_delivered(5.0)
+    s = c.stats
+    assert (s.sent, s.resent, s.disconnects, s.reconnects, s.acked_delivered) == (6, 4, 1, 1, 6)
+    await c.close()
+
+
+async def test_resumed_session_resends_only_what_the_bridge_did_not_accept(env: Env) -> None:
+    env.fake.hold = True
+    c = env.client()
+    await c.start()
+    for i in range(2):
+        await c.publish("a", b"%d" % i)
+    await settle(c, lambda: c.stats.acked_accepted == 2, "accepted=2")
+    env.fake.ignore_frames = True  # 3 and 4 are lost in flight
+    for i in range(2):
+        await c.publish("a", b"%d" % i)
+    await env.fake.frames_at_least(4)
+    env.fake.ignore_frames = False
+    env.fake.kill()
+    await settle(c, lambda: c.stats.reconnects == 1, "reconnect")
+    assert c.welcome is not None and c.welcome.resumed
+    assert (await env.fake.frames_at_least(6))[4:] == [("a", 3), ("a", 4)]
+    await env.fake.release()
+    assert await c.wait_delivered(5.0)
+    assert (c.stats.sent, c.stats.resent) == (4, 2)
+    await c.close()
+
+
+async def test_pause_and_resume_keep_frames_buffered(env: Env) -> None:
+    pause = pb.FlowControl(action=pb.FlowControl.PAUSE)
+    env.fake.on_welcome = [pb.BridgeMessage(flow_control=pause)]
+    c = env.client(streams=("a", "b"))
+    await c.start()
+    await settle(c, lambda: c.stats.pauses == 1, "pause")
+    for _ in range(3):
+        await c.publish("a", b"p")
+    await asyncio.sleep(0.2)
+    assert env.fake.frames == []
+    assert c.core.buffered_frames == 3
+
+    # a per-stream pause holds only that stream
+    await env.fake.broadcast(
+        pb.BridgeMessage(flow_control=pb.FlowControl(action=pb.FlowControl.PAUSE, stream_id="b"))
+    )
+    await env.fake.broadcast(
+        pb.BridgeMessage(flow_control=pb.FlowControl(action=pb.FlowControl.RESUME))
+    )
+    await c.publish("b", b"q")
+    assert await c.wait_for(lambda: c.stats.acked_delivered == 3, 5.0)
+    await asyncio.sleep(0.1)
+    assert env.fake.frames == [("a", 1), ("a", 2), ("a", 3)]
+    await env.fake.broadcast(
+        pb.BridgeMessage(flow_control=pb.FlowControl(action=pb.FlowControl.RESUME, stream_id="b"))
+    )
+    assert await c.wait_delivered(5.0)
+    assert env.fake.frames[-1] == ("b", 1)
+    assert c.stats.dropped_resend_overflow == 0
+    await c.close()
+
+
+async def test_resend_buffer_overflow_drops_the_oldest_and_counts(env: Env) -> None:
+    env.fake.hold = True
+    c = env.client(streams=("a", "b"), resend_buffer_frames=3)
+    await c.start()
+    await c.publish("a", b"1")
+    await c.publish("b", b"1")
+    await c.publish("a", b"2")
+    await c.publish("a", b"3")  # evicts a/1, the oldest across streams
+    await c.publish("b", b"2")  # evicts b/1
+    assert c.stats.dropped_resend_overflow == 2
+    assert sorted((sid, seq) for sid, st in c.core.streams.items() for seq in st.buf) == [
+        ("a", 2),
+        ("a", 3),
+        ("b", 2),
+    ]
+    await env.fake.frames_at_least(5)
+    env.fake.restart()  # evicted frames are never resent
+    await settle(c, lambda: c.stats.reconnects == 1, "reconnect")
+    frames = await env.fake.frames_at_least(8)
+    assert sorted(frames[5:]) == [("a", 2), ("a", 3), ("b", 2)]
+    await env.fake.release()
+    assert await c.wait_delivered(5.0)
+    await c.close()
+
+
+async def test_resend_buffer_is_bounded_in_bytes_too(env: Env) -> None:
+    env.fake.hold = True
+    payload = b"z" * 1000
+    c = env.client(resend_buffer_bytes=2500)
+    await c.start()
+    for _ in range(5):
+        await c.publish("a", payload)
+    assert c.stats.dropped_resend_overflow == 3
+    assert list(c.core.streams["a"].buf) == [4, 5]
+    assert c.core.buffered_bytes <= 2500
+    await c.close()
+
+
+async def test_drain_closes_and_reconnects_after_the_delay(env: Env) -> None:
+    c = env.client()
+    await c.start()
+    await c.publish("a", b"1")
+    assert await c.wait_delivered(5.0)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await env.fake.broadcast(pb.BridgeMessage(drain=pb.Drain(reconnect_after_ms=300)))
+    await settle(c, lambda: c.stats.reconnects == 1, "reconnect after drain")
+    assert loop.time() - t0 >= 0.3
+    assert (c.stats.drains, c.stats.disconnects, c.stats.connect_failures) == (1, 1, 0)
+    assert env.fake.hellos[-1].resume == [pb.ResumeState(stream_id="a", delivered_seq=1)]
+    await c.publish("a", b"2")
+    assert await c.wait_delivered(5.0)
+    assert env.fake.frames == [("a", 1), ("a", 2)]
+    await c.close()
+
+
+async def test_errors_are_counted_by_code(env: Env) -> None:
+    c = env.client()
+    await c.start()
+    err = pb.Error(code=pb.UNKNOWN_STREAM, message="no such stream", stream_id="zz")
+    await env.fake.broadcast(pb.BridgeMessage(error=err))
+    await env.fake.broadcast(pb.BridgeMessage(error=err))
+    await settle(c, lambda: sum(c.stats.errors.values()) == 2, "errors")
+    assert c.stats.errors == {"UNKNOWN_STREAM": 2}
+    fatal = pb.Error(code=pb.PROTOCOL_VIOLATION, fatal=True)
+    await env.fake.broadcast(pb.BridgeMessage(error=fatal))
+    env.fake.kill()  # a fatal error is followed by the bridge closing
+    await settle(c, lambda: c.stats.reconnects == 1, "reconnect after fatal error")
+    assert c.stats.errors["PROTOCOL_VIOLATION"] == 1
+    await c.close()
+
+
+async def test_start_fails_clearly_when_nothing_answers(env: Env) -> None:
+    url = "ws://127.0.0.1:9/v1/ingest" if env.transport == "ws" else "127.0.0.1:9"
+    c = EdgeClient(env.transport, url, "dev", [StreamConfig("a")])  # type: ignore[arg-type]
+    with pytest.raises(ConnectionError, match="no Welcome"):
+        await c.start(timeout=0.5)
+    assert c.stats.connect_failures >= 1
+
+
+async def test_reconnects_with_backoff_when_the_bridge_is_down() -> None:
+    fake = FakeBridge()
+    front = WsFront(fake)
+    url = await front.start()
+    c = EdgeClient("ws", url, "dev1", [StreamConfig("a")], seed=3)
+    await c.start()
+    fake.hold = True
+    await c.publish("a", b"1")
+    await fake.frames_at_least(1)
+    await front.stop()
+    fake.restart()
+    await settle(c, lambda: c.stats.connect_failures >= 2, "failed attempts")
+    await front.start(port=front.port)
+    await settle(c, lambda: c.stats.reconnects == 1, "reconnect")
+    fake.hold = False
+    assert await c.wait_delivered(5.0)
+    assert c.stats.resent == 1 and c.stats.disconnects == 1
+    await c.close()
+    await front.stop()
+
+
+async def test_publisher_runs_open_loop_and_reports(env: Env) -> None:
+    pub = Publisher(
+        env.transport,  # type: ignore[arg-type]
+        env.url,
+        edges=2,
+        streams_per_edge=2,
+        rate_hz=50,
+        duration_s=0.4,
+        points=500,
+        telemetry=True,
+    )
+    rep = await pub.run()
+    assert rep["published"] == 2 * 3 * 20
+    assert rep["acked_delivered"] == rep["published"] and rep["undelivered"] == 0
+    assert rep["latency"]["count"] == rep["published"]
+    assert rep["disconnects"] == 0 and rep["dropped_resend_overflow"] == 0
+    assert {h.device_id for h in env.fake.hellos} == {"loadgen-0", "loadgen-1"}
+    assert len(env.fake.frames) == 120
