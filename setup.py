@@ -42,7 +42,9 @@ if SANITIZE:
     LDFLAGS += ["-fsanitize=address,undefined"]
 
 # sm_80 (A100), sm_90 (H100/H200) as SASS + compute_90 PTX for newer GPUs to JIT.
-DEFAULT_CUDA_ARCH = "-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90"
+DEFAULT_CUDA_ARCH = (
+    "-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=[sm_90,compute_90]"
+)
 
 
 def _log(msg: str) -> None:

@@ -1,22 +1,111 @@
-"""The CUDA backend (placeholder until the library lands): always unavailable for now."""
+"""The CUDA backend: ``_sbv_cuda.so`` (native/voxel_cuda.cu) loaded through ctypes.
+
+Why ctypes rather than linking the CUDA runtime into ``_native``: the C extension must import
+on hosts without CUDA, and a separate library that fails to load just makes this backend
+unavailable (with the reason). ctypes releases the GIL during the foreign call, so the
+decimator stays thread-safe and parallel like the C one.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
 from bridge.cloud import CloudLayout
-from bridge.decimate._types import BackendUnavailable, DecimationResult
+from bridge.decimate._types import BackendUnavailable, DecimationResult, VoxelKeyOverflow
+from bridge.decimate.backends import run_with_budget
+from bridge.decimate.native_table import field_table
+
+#: Override the library path (tests, custom builds).
+ENV_LIBRARY = "BRIDGE_CUDA_LIB"
+ABI_VERSION = 1
+SBV_OK, SBV_EINVAL, SBV_EOVERFLOW, SBV_ENOMEM, SBV_EDEVICE = range(5)
+
+
+class _Field(ctypes.Structure):
+    _fields_ = (("offset", ctypes.c_uint32), ("type", ctypes.c_uint32), ("role", ctypes.c_uint32))
+
+
+class _Cloud(ctypes.Structure):
+    _fields_ = (
+        ("data", ctypes.c_void_p),
+        ("points", ctypes.c_size_t),
+        ("stride", ctypes.c_size_t),
+        ("fields", ctypes.POINTER(_Field)),
+        ("n_fields", ctypes.c_size_t),
+    )
+
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def library_path() -> Path:
+    return Path(os.environ.get(ENV_LIBRARY) or Path(__file__).with_name("_sbv_cuda.so"))
+
+
+def _load() -> tuple[ctypes.CDLL | None, str | None]:
+    """Load the library once; (library, None) or (None, reason)."""
+    with _lock:
+        if "result" in _state:
+            return _state["result"]  # type: ignore[return-value]
+        path = library_path()
+        lib: ctypes.CDLL | None = None
+        reason: str | None = None
+        if not path.exists():
+            reason = f"CUDA library not built ({path.name} missing; build with nvcc on PATH)"
+        else:
+            try:
+                lib = ctypes.CDLL(str(path))
+                lib.sbv_abi_version.restype = ctypes.c_int
+                lib.sbv_cuda_device_count.restype = ctypes.c_int
+                lib.sbv_cuda_device_count.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
+                lib.sbv_downsample_cuda.restype = ctypes.c_int
+                lib.sbv_downsample_cuda.argtypes = (
+                    ctypes.POINTER(_Cloud),
+                    ctypes.c_double,
+                    ctypes.c_void_p,
+                    ctypes.c_size_t,
+                    ctypes.POINTER(ctypes.c_size_t),
+                    ctypes.c_char_p,
+                    ctypes.c_size_t,
+                )
+                if lib.sbv_abi_version() != ABI_VERSION:
+                    reason = f"{path.name} has ABI {lib.sbv_abi_version()}, expected {ABI_VERSION}"
+                else:
+                    err = ctypes.create_string_buffer(256)
+                    count = lib.sbv_cuda_device_count(err, len(err))
+                    if count < 0:
+                        reason = f"CUDA runtime unusable: {err.value.decode(errors='replace')}"
+                    elif count == 0:
+                        reason = "no CUDA device visible"
+            except (OSError, AttributeError) as exc:
+                reason = f"cannot load {path.name}: {exc}"
+            if reason is not None:
+                lib = None
+        _state["result"] = (lib, reason)
+        return lib, reason
 
 
 def unavailable_reason() -> str | None:
-    return "CUDA library not built"
+    """None when the library loads and sees a device, else why not."""
+    return _load()[1]
 
 
 class CudaDecimator:
+    """Decimation on the first CUDA device; thread-safe (each call owns its device buffers)."""
+
     name = "cuda"
 
     def __init__(self) -> None:
-        reason = unavailable_reason()
-        if reason is not None:
-            raise BackendUnavailable(self.name, reason)
+        lib, reason = _load()
+        if lib is None:
+            raise BackendUnavailable(self.name, reason or "unknown")
+        self._lib = lib
 
     def downsample(
         self,
@@ -25,4 +114,31 @@ class CudaDecimator:
         voxel_size: float,
         max_points: int = 0,
     ) -> DecimationResult:
-        raise BackendUnavailable(self.name, "CUDA library not built")
+        table = field_table(layout)
+        fields = (_Field * len(table))(*(_Field(*row) for row in table))
+
+        def run(buf: bytes | memoryview, v: float) -> tuple[bytes, int]:
+            n = len(buf) // layout.stride
+            if n == 0:
+                return b"", 0
+            src = np.frombuffer(buf, dtype=np.uint8)
+            out = np.empty(len(buf), dtype=np.uint8)
+            cloud = _Cloud(src.ctypes.data, n, layout.stride, fields, len(table))
+            written = ctypes.c_size_t(0)
+            err = ctypes.create_string_buffer(256)
+            rc = self._lib.sbv_downsample_cuda(
+                ctypes.byref(cloud), v, out.ctypes.data, n, ctypes.byref(written), err, len(err)
+            )
+            message = err.value.decode(errors="replace") or f"CUDA kernel status {rc}"
+            if rc == SBV_EOVERFLOW:
+                raise VoxelKeyOverflow(message)
+            if rc == SBV_EINVAL:
+                raise ValueError(message)
+            if rc == SBV_ENOMEM:
+                raise MemoryError(message)
+            if rc != SBV_OK:
+                raise RuntimeError(f"CUDA decimation failed: {message}")
+            m = written.value
+            return out[: m * layout.stride].tobytes(), m
+
+        return run_with_budget(self.name, run, layout, data, voxel_size, max_points)

@@ -8,26 +8,11 @@ parallel; ``threads`` additionally splits one cloud across that many kernel thre
 
 from __future__ import annotations
 
-from bridge.cloud import XYZ, CloudLayout
+from bridge.cloud import CloudLayout
 from bridge.decimate import _native
 from bridge.decimate._types import DecimationResult, VoxelKeyOverflow
 from bridge.decimate.backends import run_with_budget
-
-#: Field roles in the kernel's field table (native/simbridge_voxel.h, ``SBV_ROLE_*``).
-ROLE_VALUE, ROLE_COLOR, ROLE_X, ROLE_Y, ROLE_Z = 0, 1, 2, 3, 4
-
-
-def field_table(layout: CloudLayout) -> tuple[tuple[int, int, int], ...]:
-    """(offset, type code, role) per field, as the C ABI takes them."""
-    axis_role = {a: ROLE_X + i for i, a in enumerate(XYZ)}
-    return tuple(
-        (
-            f.offset,
-            int(f.type),
-            axis_role.get(f.name, ROLE_COLOR if f.is_packed_color else ROLE_VALUE),
-        )
-        for f in layout.fields
-    )
+from bridge.decimate.native_table import field_table
 
 
 class CDecimator:
