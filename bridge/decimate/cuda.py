@@ -16,7 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from bridge.cloud import CloudLayout
-from bridge.decimate._types import BackendUnavailable, DecimationResult, VoxelKeyOverflow
+from bridge.decimate._types import (
+    BackendUnavailable,
+    DecimationResult,
+    VoxelKeyOverflow,
+    check_layout,
+)
 from bridge.decimate.backends import run_with_budget
 from bridge.decimate.native_table import field_table
 
@@ -114,7 +119,7 @@ class CudaDecimator:
         voxel_size: float,
         max_points: int = 0,
     ) -> DecimationResult:
-        table = field_table(layout)
+        table = field_table(check_layout(layout))
         fields = (_Field * len(table))(*(_Field(*row) for row in table))
 
         def run(buf: bytes | memoryview, v: float) -> tuple[bytes, int]:

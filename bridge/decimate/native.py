@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bridge.cloud import CloudLayout
 from bridge.decimate import _native
-from bridge.decimate._types import DecimationResult, VoxelKeyOverflow
+from bridge.decimate._types import DecimationResult, VoxelKeyOverflow, check_layout
 from bridge.decimate.backends import run_with_budget
 from bridge.decimate.native_table import field_table
 
@@ -30,7 +30,7 @@ class CDecimator:
         voxel_size: float,
         max_points: int = 0,
     ) -> DecimationResult:
-        table = field_table(layout)
+        table = field_table(check_layout(layout))
 
         def run(buf: bytes | memoryview, v: float) -> tuple[bytes, int]:
             try:

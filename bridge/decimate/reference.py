@@ -157,6 +157,8 @@ def downsample_packed(
     f32 = keys_in_float32(layout)
     v = check_voxel_size(voxel_size, f32)
     n = point_count(layout, len(buf_in))
+    if n == 0:
+        return b"", 0
     raw = np.frombuffer(buf_in, dtype=np.uint8)
     stride = layout.stride
     axes = [layout.field(a) for a in XYZ]
