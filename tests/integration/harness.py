@@ -8,11 +8,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import grpc
 import numpy as np
@@ -138,22 +139,26 @@ class BridgeProcess:
     ws: int
     grpc: int
     http: int
+    log: IO[str]
 
     @classmethod
     async def start(cls, *args: str, env: dict[str, str] | None = None) -> BridgeProcess:
         cmd = [sys.executable, "-m", "bridge.cli", "serve", "--host", "127.0.0.1", *args]
         full_env = {**os.environ, "BRIDGE_ADAPT": "false", **(env or {})}
+        log = tempfile.NamedTemporaryFile("w+", prefix="simbridge-", suffix=".log")  # noqa: SIM115
         proc = subprocess.Popen(  # noqa: ASYNC220  (spawning does not block; reads go to threads)
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT
+            cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=full_env, cwd=ROOT
         )
         assert proc.stdout is not None
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
         if not line.startswith("SIMBRIDGE_READY"):
             proc.kill()
-            _, err = proc.communicate(timeout=5)
-            raise RuntimeError(f"bridge did not start: {line!r}\n{err}")
+            proc.wait()
+            proc.stdout.close()
+            log.seek(0)
+            raise RuntimeError(f"bridge did not start: {line!r}\n{log.read()}")
         ports = dict(kv.split("=") for kv in line.split()[1:])
-        return cls(proc, int(ports["ws"]), int(ports["grpc"]), int(ports["http"]))
+        return cls(proc, int(ports["ws"]), int(ports["grpc"]), int(ports["http"]), log)
 
     @property
     def ws_url(self) -> str:
@@ -165,11 +170,16 @@ class BridgeProcess:
     async def wait(self, timeout: float = 30.0) -> int:  # noqa: ASYNC109
         return await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout)
 
-    def stderr(self) -> str:
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read()
+    def logs(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
 
     def kill(self) -> None:
+        """Kill if still running and release the pipes and the log file (idempotent)."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if self.proc.stdout is not None and not self.proc.stdout.closed:
+            self.proc.stdout.close()
+        if not self.log.closed:
+            self.log.close()
