@@ -1,0 +1,443 @@
+"""The applier: watch the cgroup, the own Pod and NVML; re-plan on every change; apply the
+differences to the data plane through :class:`AdaptTarget`.
+
+Why one owner: the plan depends on all three sources at once (e.g. the cooperative downscale needs
+the Pod's desired limit *and* the cgroup's current one), so a single object keeps the latest value
+of each, computes :func:`~bridge.resources.plan.make_plan` and calls the target only for values
+that changed. It never restarts anything and never closes a connection.
+
+Observability: one log line per applied re-plan, ``bridge_adapt_seconds`` (detection → applied),
+limit/plan gauges, ``bridge_resize_events_total``; a resize that stays Deferred/Infeasible (or in
+PodResizeInProgress reason Error) longer than ``pending_timeout`` raises a Warning Event on the Pod
+and sets ``bridge_resize_pending{reason}``. :meth:`Adapter.describe` is ``/debug/resources``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime as _dt
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry
+
+from bridge.resources.cgroup import CgroupReader, open_cgroup
+from bridge.resources.describe import describe_gpu, describe_plan, describe_snapshot
+from bridge.resources.gpu import GpuProbe
+from bridge.resources.kubeapi import KubeClient, KubeConfig, KubeError, event_body, own_pod_from_env
+from bridge.resources.metrics import ResourceMetrics
+from bridge.resources.plan import Plan, PlanSettings, make_plan
+from bridge.resources.pod import AllocatedDevice, PodView, ResizeState, pending_memory_decrease
+from bridge.resources.podsource import PodSource, PodUpdate
+from bridge.resources.poller import Poller
+from bridge.resources.quantity import format_bytes
+from bridge.resources.snapshot import CgroupReading, GpuReading, Snapshot, Sourced, Workload
+
+log = logging.getLogger(__name__)
+
+
+class AdaptTarget(Protocol):
+    """What the data plane exposes to the adapter (implemented in the data plane)."""
+
+    def resize_workers(self, workers: int) -> None: ...
+    def set_ring_budget(self, total_bytes: int, per_stream_floor: int) -> None: ...
+    def set_gpu_healthy(self, healthy: bool) -> None: ...  # decimation backend to CPU and back
+    def active_streams(self) -> int: ...
+    def memory_baseline_bytes(self) -> int: ...  # measured at startup
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdapterSettings:
+    poll_interval: float = 0.05  # cgroup files (no change events exist for them)
+    slow_interval: float = 1.0  # NVML, active streams, pending-resize escalation
+    pending_timeout: float = 60.0  # raise an Event after a resize is pending this long
+    event_reason: str = "BridgeResizePending"
+    plan: PlanSettings = field(default_factory=PlanSettings)
+
+    def __post_init__(self) -> None:
+        if self.poll_interval <= 0 or self.slow_interval <= 0 or self.pending_timeout < 0:
+            raise ValueError("poll_interval and slow_interval must be > 0, pending_timeout >= 0")
+
+
+def affinity_cpus() -> int:
+    """CPUs this process may run on (a cpuset narrows it; ``os.cpu_count`` would not)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@dataclass(slots=True)
+class _Pending:
+    reason: str
+    message: str
+    generation: int | None
+    since: float
+    escalated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedChange:
+    """What one re-plan changed, for logs, tests and the benchmark."""
+
+    cause: str
+    detected_at: float
+    applied_at: float
+    changes: tuple[str, ...]
+    plan: Plan
+
+
+class Adapter:
+    """Owns the watchers; see the module docstring. Use ``async with Adapter(...)`` or
+    :meth:`start` / :meth:`stop`."""
+
+    def __init__(
+        self,
+        target: AdaptTarget,
+        registry: CollectorRegistry,
+        *,
+        cgroup: CgroupReader,
+        kube: KubeClient | None = None,
+        pod_ref: tuple[str, str] | None = None,
+        gpu: GpuProbe | None = None,
+        settings: AdapterSettings | None = None,
+        cpus_allowed: Callable[[], int] = affinity_cpus,
+        clock: Callable[[], float] = time.monotonic,
+        on_applied: Callable[[AppliedChange], None] | None = None,
+    ) -> None:
+        self.target = target
+        self.settings = settings or AdapterSettings()
+        self.metrics = ResourceMetrics(registry)
+        self._cgroup_reader = cgroup
+        self._kube = kube
+        self._pod_ref = pod_ref
+        self._gpu_probe = gpu
+        self._cpus_allowed = cpus_allowed
+        self._clock = clock
+        self._on_applied = on_applied
+        self._poller: Poller[CgroupReading] = Poller(
+            cgroup.read, self._on_cgroup, interval=self.settings.poll_interval, clock=clock
+        )
+        self._cgroup: CgroupReading = CgroupReading("none", cgroup.location)
+        self._cpus = Sourced(1, "os.sched_getaffinity(0)")
+        self._pod: PodView | None = None
+        self._devices: tuple[AllocatedDevice, ...] = ()
+        self._pod_problems: tuple[str, ...] = ()
+        self._gpu: GpuReading | None = None
+        self._workload = Workload()
+        self._applied: Plan | None = None
+        self._snapshot: Snapshot | None = None
+        self._pending: _Pending | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._event_tasks: set[asyncio.Task[Any]] = set()
+        self._pod_source: PodSource | None = None
+        self.history: collections.deque[AppliedChange] = collections.deque(maxlen=256)
+        self.events_posted: list[dict[str, Any]] = []
+        self.last_adapt_seconds: float | None = None
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_env(
+        cls,
+        target: AdaptTarget,
+        registry: CollectorRegistry,
+        *,
+        settings: AdapterSettings | None = None,
+        env: Mapping[str, str] | None = None,
+        gpu: GpuProbe | None = None,
+    ) -> Adapter:
+        """Real sources: ``BRIDGE_CGROUP_ROOT`` or the own cgroup; the own Pod when
+        ``BRIDGE_POD_NAME``/``BRIDGE_POD_NAMESPACE`` and an API (``BRIDGE_KUBE_API`` or the
+        service account) exist; NVML when ``nvidia-ml-py`` is installed."""
+        env = os.environ if env is None else env
+        config = KubeConfig.from_env(env)
+        pod_ref = own_pod_from_env(env)
+        kube = KubeClient(config) if config is not None and pod_ref is not None else None
+        return cls(
+            target,
+            registry,
+            cgroup=open_cgroup(env),
+            kube=kube,
+            pod_ref=pod_ref if kube is not None else None,
+            gpu=gpu if gpu is not None else GpuProbe.load(),
+            settings=settings,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Read every source once and apply the first plan before returning, then keep
+        watching in background tasks."""
+        self._cpus = Sourced(self._cpus_allowed(), "os.sched_getaffinity(0)")
+        if self._gpu_probe is not None:
+            self._gpu = await asyncio.to_thread(self._gpu_probe.read)
+        await self._poller.poll_once()  # applies the first plan
+        self._tasks.append(asyncio.create_task(self._poller.run(), name="resources-cgroup"))
+        self._tasks.append(asyncio.create_task(self._slow_loop(), name="resources-slow"))
+        if self._kube is not None and self._pod_ref is not None:
+            ns, name = self._pod_ref
+            self._pod_source = PodSource(
+                self._kube, ns, name, self._on_pod, container=self.settings.plan.container
+            )
+            self._tasks.append(asyncio.create_task(self._pod_source.run(), name="resources-pod"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._event_tasks:
+            await asyncio.gather(*self._event_tasks, return_exceptions=True)
+        if self._gpu_probe is not None:
+            self._gpu_probe.close()
+
+    async def __aenter__(self) -> Adapter:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ inputs
+
+    def _on_cgroup(self, reading: CgroupReading, detected_at: float) -> None:
+        old = self._cgroup
+        self._cgroup = reading
+        if old.version != "none":
+            self._count_resize(old, reading)
+        self.replan("cgroup", detected_at)
+
+    def _count_resize(self, old: CgroupReading, new: CgroupReading) -> None:
+        inf = float("inf")
+        pairs = (
+            ("cpu", old.cpu_limit_cores, new.cpu_limit_cores),
+            ("memory", old.memory_limit_bytes, new.memory_limit_bytes),
+        )
+        for resource, a, b in pairs:
+            a_, b_ = inf if a is None else a, inf if b is None else b
+            if a_ != b_:
+                direction = "up" if b_ > a_ else "down"
+                self.metrics.resize_events.labels(resource=resource, direction=direction).inc()
+                log.info("cgroup %s limit %s: %s -> %s", resource, direction, a, b)
+
+    async def _on_pod(self, update: PodUpdate) -> None:
+        self._pod = update.pod
+        self._devices = update.devices
+        self._pod_problems = update.problems
+        self._track_pending(update.pod)
+        self.replan("pod", update.detected_at)
+
+    def _workload_now(self) -> Workload:
+        try:
+            return Workload(
+                active_streams=int(self.target.active_streams()),
+                baseline_bytes=int(self.target.memory_baseline_bytes()),
+            )
+        except Exception:
+            log.exception("AdaptTarget workload query failed; keeping the last values")
+            return self._workload
+
+    async def _slow_loop(self) -> None:
+        """NVML (off the loop: driver calls can take milliseconds), active streams, escalation."""
+        while True:
+            await asyncio.sleep(self.settings.slow_interval)
+            now = self._clock()
+            cause = ""
+            if self._gpu_probe is not None:
+                gpu = await asyncio.to_thread(self._gpu_probe.read)
+                if self._gpu is None or gpu.relevant_key() != self._gpu.relevant_key():
+                    self._gpu = gpu
+                    cause = "gpu"
+            if self._workload_now() != self._workload:
+                cause = cause or "workload"
+            if cause:
+                self.replan(cause, now)
+            self._check_escalation()
+
+    def notify_workload_changed(self) -> None:
+        """For the data plane: streams opened/closed; re-plan the per-stream shares now."""
+        self.replan("workload", self._clock())
+
+    # ------------------------------------------------------------------ plan + apply
+
+    def snapshot(self, detected_at: float | None = None) -> Snapshot:
+        self._workload = self._workload_now()
+        return Snapshot(
+            cgroup=self._cgroup,
+            cpus_allowed=self._cpus,
+            pod=self._pod,
+            devices=self._devices,
+            gpu=self._gpu,
+            workload=self._workload,
+            detected_at=self._clock() if detected_at is None else detected_at,
+        )
+
+    def replan(self, cause: str, detected_at: float | None = None) -> Plan:
+        snap = self.snapshot(detected_at)
+        self._snapshot = snap
+        plan = make_plan(snap, self.settings.plan)
+        self.metrics.set_limits(plan.cpu_limit_cores, plan.memory_limit_bytes)
+        prev = self._applied
+        if prev is not None and plan == prev:
+            self._applied = plan  # same values; keep the newest reasons for describe()
+            return plan
+        changes = self._apply(prev, plan)
+        if changes is None:
+            return plan  # the target failed; retried on the next change
+        applied_at = self._clock()
+        self._applied = plan
+        self.metrics.plan_workers.set(plan.workers)
+        self.metrics.plan_ring_budget_bytes.set(plan.ring_budget_bytes)
+        elapsed = max(0.0, applied_at - snap.detected_at)
+        self.metrics.adapt_seconds.observe(elapsed)
+        self.last_adapt_seconds = elapsed
+        change = AppliedChange(cause, snap.detected_at, applied_at, tuple(changes), plan)
+        self.history.append(change)
+        log.info(
+            "re-plan (%s): %s; %.1f ms after detection",
+            cause,
+            ", ".join(changes) or "initial",
+            elapsed * 1000,
+        )
+        if self._on_applied is not None:
+            self._on_applied(change)
+        return plan
+
+    def _apply(self, prev: Plan | None, plan: Plan) -> list[str] | None:
+        changes: list[str] = []
+        try:
+            if prev is None or plan.workers != prev.workers:
+                self.target.resize_workers(plan.workers)
+                changes.append(f"workers {prev.workers if prev else '-'}->{plan.workers}")
+            ring = (plan.ring_budget_bytes, plan.per_stream_floor_bytes)
+            if prev is None or ring != (prev.ring_budget_bytes, prev.per_stream_floor_bytes):
+                self.target.set_ring_budget(plan.ring_budget_bytes, plan.per_stream_floor_bytes)
+                before = format_bytes(prev.ring_budget_bytes) if prev else "-"
+                changes.append(f"ring {before}->{format_bytes(plan.ring_budget_bytes)}")
+            if prev is None or plan.gpu_healthy != prev.gpu_healthy:
+                self.target.set_gpu_healthy(plan.gpu_healthy)
+                changes.append(f"gpu {'healthy' if plan.gpu_healthy else 'off (CPU)'}")
+        except Exception:
+            log.exception("applying the plan failed after %s", changes or "no change")
+            return None
+        if prev is not None:
+            for name in ("per_stream_bytes", "gpu_batch_points", "memory_limit_bytes"):
+                if getattr(plan, name) != getattr(prev, name):
+                    changes.append(f"{name} {getattr(prev, name)}->{getattr(plan, name)}")
+        return changes
+
+    # ------------------------------------------------------------------ pending resizes
+
+    def _track_pending(self, pod: PodView) -> None:
+        state = pod.resize_state()
+        if state in (ResizeState.DEFERRED, ResizeState.INFEASIBLE, ResizeState.ERROR):
+            cond = pod.resize_pending if pod.resize_pending is not None else pod.resize_in_progress
+            message = cond.message if cond is not None else ""
+            p = self._pending
+            if p is None or (p.reason, p.generation) != (state.value, pod.generation):
+                if p is not None and p.escalated:
+                    self.metrics.resize_pending.labels(reason=p.reason).set(0)
+                self._pending = _Pending(state.value, message, pod.generation, self._clock())
+                log.info("resize %s (generation %s): %s", state.value, pod.generation, message)
+            else:
+                p.message = message
+            self._check_escalation()
+        elif self._pending is not None:
+            p = self._pending
+            log.info(
+                "resize no longer %s after %.1f s (now %s)",
+                p.reason,
+                self._clock() - p.since,
+                state.value,
+            )
+            self.metrics.resize_pending.labels(reason=p.reason).set(0)
+            self._pending = None
+
+    def _check_escalation(self) -> None:
+        p = self._pending
+        if p is None or p.escalated:
+            return
+        age = self._clock() - p.since
+        if age < self.settings.pending_timeout:
+            return
+        p.escalated = True
+        self.metrics.resize_pending.labels(reason=p.reason).set(1)
+        message = f"in-place resize {p.reason} for {age:.0f}s: {p.message}"
+        if self._pod is not None:
+            target = pending_memory_decrease(self._pod, self.settings.plan.container)
+            if target is not None:
+                message += (
+                    f"; bridge already planning for the new memory limit "
+                    f"{format_bytes(target.limit_bytes)} (cooperative downscale)"
+                )
+        log.warning("%s", message)
+        if self._kube is not None and self._pod is not None:
+            task = asyncio.create_task(self._post_event(message))
+            self._event_tasks.add(task)
+            task.add_done_callback(self._event_tasks.discard)
+
+    async def _post_event(self, message: str) -> None:
+        assert self._kube is not None and self._pod is not None
+        pod = self._pod
+        body = event_body(
+            namespace=pod.namespace,
+            pod_name=pod.name,
+            pod_uid=pod.uid,
+            reason=self.settings.event_reason,
+            message=message,
+            now_iso=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            suffix=f"{time.time_ns():x}{secrets.token_hex(2)}",
+        )
+        try:
+            await self._kube.post(f"/api/v1/namespaces/{pod.namespace}/events", body)
+            self.events_posted.append(body)
+        except KubeError as e:
+            log.warning("could not post Event on %s/%s: %s", pod.namespace, pod.name, e)
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def plan(self) -> Plan | None:
+        return self._applied
+
+    def describe(self) -> dict[str, Any]:
+        """Every value the bridge sees, where it came from, and the plan with its reasons."""
+        snap = self._snapshot or self.snapshot()
+        out = describe_snapshot(snap)
+        out["gpu"] = describe_gpu(self._gpu)
+        out["pod_source"] = (
+            None
+            if self._pod_source is None
+            else {
+                "api": self._kube.config.base_url if self._kube else None,
+                "connected": self._pod_source.connected,
+                "problems": list(self._pod_problems),
+            }
+        )
+        out["plan"] = describe_plan(self._applied)
+        p = self._pending
+        out["pending_resize"] = (
+            None
+            if p is None
+            else {
+                "reason": p.reason,
+                "message": p.message,
+                "generation": p.generation,
+                "pending_seconds": round(self._clock() - p.since, 3),
+                "escalated": p.escalated,
+            }
+        )
+        out["adapt"] = {
+            "last_seconds": self.last_adapt_seconds,
+            "replans_applied": len(self.history),
+            "poll_interval_s": self.settings.poll_interval,
+            "polls": self._poller.polls,
+        }
+        return out
