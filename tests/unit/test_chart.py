@@ -361,6 +361,19 @@ def test_helm_lint_clean(kube_version: str) -> None:
     assert not report["errors"] and not problems, report
 
 
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_helm_lint_clean_per_scenario(values_file: str) -> None:
+    report = helm.lint(
+        str(CHART),
+        _load_values(values_file),
+        strict=True,
+        kube_version="v1.36.0",
+        namespace=NAMESPACE,
+    )
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, report
+
+
 # --------------------------------------------------------------------------- resources, QoS, resize
 
 
@@ -769,6 +782,15 @@ BAD_VALUES: list[tuple[str, Obj]] = [
     ("service-type", {"service": {"type": "ExternalName"}}),
     ("replicas-string", {"replicas": "3"}),
     ("pod-level-without-limits", {"podResources": {"enabled": True}}),
+    ("burstable-without-requests", {"qosClass": "Burstable", "resources": {"requests": None}}),
+    (
+        "pod-level-burstable-without-requests",
+        {"qosClass": "Burstable", "podResources": {"enabled": True, "limits": {"cpu": "2"}}},
+    ),
+    (
+        "burstable-without-memory-request",
+        {"qosClass": "Burstable", "resources": {"requests": {"memory": None}}},
+    ),
 ]
 
 
@@ -792,11 +814,6 @@ TEMPLATE_ERRORS: list[tuple[str, Obj, str]] = [
         "burstable-equal-to-limits",
         {"qosClass": "Burstable"},
         "Kubernetes would compute Guaranteed",
-    ),
-    (
-        "burstable-without-requests",
-        {"qosClass": "Burstable", "resources": {"requests": None}},
-        "qosClass=Burstable needs resources.requests.cpu",
     ),
     (
         "resizer-existing-sa-without-name",
