@@ -562,6 +562,25 @@ class KubeSim:
             self.node.others_memory = memory
         self._kick.set()
 
+    def set_device_health(self, resource_id: str, health: str, message: str = "") -> None:
+        """Model the kubelet's device-health update (KEP-4680): set ``health`` (Healthy,
+        Unhealthy, Unknown) of ``<driver>/<pool>/<device>`` in every container's
+        ``allocatedResourcesStatus`` that lists it, and notify watchers."""
+        changed = False
+        for st in self.pod.get("status", {}).get("containerStatuses", []):
+            for entry in st.get("allocatedResourcesStatus", []):
+                for res in entry.get("resources", []):
+                    if res.get("resourceID") == resource_id:
+                        res["health"] = health
+                        if message:
+                            res["message"] = message
+                        else:
+                            res.pop("message", None)
+                        changed = True
+        if not changed:
+            raise KeyError(resource_id)
+        self._touch()
+
     def kick(self) -> None:
         """Run a kubelet sync now."""
         self._kick.set()

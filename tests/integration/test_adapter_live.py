@@ -1,0 +1,428 @@
+"""The Adapter live: a temp cgroup directory rewritten during the test, the kubesim stand-in for the
+own Pod, a fake NVML, and a fake AdaptTarget that records every call."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from bridge.resources.adapt import Adapter, AdapterSettings
+from bridge.resources.cgroup import CgroupReader
+from bridge.resources.gpu import GpuProbe
+from bridge.resources.kubeapi import KubeClient, KubeConfig
+from bridge.resources.plan import PlanSettings
+from loadgen.kubesim import KubeSim, NodeModel
+
+K8S = Path(__file__).resolve().parent.parent / "fixtures" / "k8s"
+MiB = 1 << 20
+GiB = 1 << 30
+RESIZE = "/api/v1/namespaces/sim/pods/sim-bridge-0/resize"
+MIG_UUID = "MIG-4d5e6f7a-8b9c-5d0e-1f2a-3b4c5d6e7f80"  # the claimed device in the fixtures
+MIG_ID = "gpu.nvidia.com/gpu-node-a/gpu-0-mig-3g40gb-9-4"
+
+
+def load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((K8S / name).read_text())
+    return data
+
+
+def write(path: Path, text: str) -> None:
+    """Atomic like a cgroup write: the reader sees the old or the new value, never half."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, path)
+
+
+async def eventually(pred: Callable[[], bool], within: float = 3.0) -> None:
+    async with asyncio.timeout(within):
+        for _ in itertools.count():
+            if pred():
+                return
+            await asyncio.sleep(0.005)
+
+
+class FakeTarget:
+    """Records calls; ``probe`` runs inside set_ring_budget (to see the world at apply time)."""
+
+    def __init__(self, streams: int = 2, baseline: int = 0) -> None:
+        self.calls: list[tuple[str, Any, float]] = []
+        self.streams = streams
+        self.baseline = baseline
+        self.workers: int | None = None
+        self.ring: tuple[int, int] | None = None
+        self.gpu_healthy: bool | None = None
+        self.probe: Callable[[], Any] | None = None
+        self.probed: list[Any] = []
+
+    def resize_workers(self, workers: int) -> None:
+        self.calls.append(("workers", workers, time.monotonic()))
+        self.workers = workers
+
+    def set_ring_budget(self, total_bytes: int, per_stream_floor: int) -> None:
+        self.calls.append(("ring", total_bytes, time.monotonic()))
+        self.ring = (total_bytes, per_stream_floor)
+        if self.probe is not None:
+            self.probed.append((total_bytes, self.probe()))
+
+    def set_gpu_healthy(self, healthy: bool) -> None:
+        self.calls.append(("gpu", healthy, time.monotonic()))
+        self.gpu_healthy = healthy
+
+    def active_streams(self) -> int:
+        return self.streams
+
+    def memory_baseline_bytes(self) -> int:
+        return self.baseline
+
+
+class FakeNVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return {15: "GPU is lost", 6: "Not Found", 3: "Not Supported"}.get(self.value, "error")
+
+
+class FakeNvml:
+    """A GPU in MIG mode with one instance (what NVML shows inside a DRA MIG container)."""
+
+    NVMLError = FakeNVMLError
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_ERROR_NOT_FOUND = 6
+
+    def __init__(self) -> None:
+        self.lost = False
+        self.used = 0
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> tuple[str, int]:
+        return ("gpu", i)
+
+    def nvmlDeviceGetUUID(self, h: tuple[Any, ...]) -> str:
+        return MIG_UUID if h[0] == "mig" else "GPU-6f1d3c2a-9b8e-4f7a-a1c2-3d4e5f60718a"
+
+    def nvmlDeviceGetName(self, h: tuple[Any, ...]) -> str:
+        return "NVIDIA H100 80GB HBM3 MIG 3g.40gb" if h[0] == "mig" else "NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetMemoryInfo(self, h: tuple[Any, ...]) -> SimpleNamespace:
+        if self.lost and h[0] == "mig":
+            raise FakeNVMLError(15)
+        total = 40448 * MiB if h[0] == "mig" else 81559 * MiB
+        return SimpleNamespace(total=total, used=self.used, free=total - self.used)
+
+    def nvmlDeviceGetMigMode(self, h: tuple[Any, ...]) -> tuple[int, int]:
+        return (1, 1)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: tuple[Any, ...]) -> int:
+        return 2
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: tuple[Any, ...], j: int) -> tuple[Any, ...]:
+        if j != 0:
+            raise FakeNVMLError(6)
+        return ("mig", h[1], j)
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+@pytest.fixture
+def cg(tmp_path: Path) -> Path:
+    root = tmp_path / "cg"
+    root.mkdir()
+    write(root / "cpu.max", "200000 100000")
+    write(root / "memory.max", str(GiB))
+    write(root / "memory.current", str(100 * MiB))
+    return root
+
+
+@pytest.fixture
+async def stack(
+    tmp_path: Path,
+) -> AsyncIterator[Callable[..., Any]]:
+    """Builds kubesim + adapter pairs and tears them down."""
+    closers: list[Any] = []
+
+    async def make(
+        pod: str,
+        *,
+        node: NodeModel | None = None,
+        settings: AdapterSettings | None = None,
+        gpu: GpuProbe | None = None,
+        target: FakeTarget | None = None,
+    ) -> tuple[KubeSim, Adapter, FakeTarget, CollectorRegistry, KubeClient]:
+        root = tmp_path / "cg-sim"
+        sim = KubeSim(
+            load(pod),
+            claims=[load("resourceclaim-allocated.json")],
+            slices=[load("resourceslice-h100-nvidia-static-mig.json")],
+            cgroup_dir=str(root),
+            node=node,
+            sync_interval=0.02,
+        )
+        await sim.start()
+        closers.append(sim)
+        client = KubeClient(KubeConfig(sim.url), timeout=5)
+        registry = CollectorRegistry()
+        target = target or FakeTarget()
+        adapter = Adapter(
+            target,
+            registry,
+            cgroup=CgroupReader.from_root(str(root)),
+            kube=client,
+            pod_ref=("sim", "sim-bridge-0"),
+            gpu=gpu,
+            settings=settings or AdapterSettings(poll_interval=0.01, slow_interval=0.05),
+            cpus_allowed=lambda: 16,
+        )
+        await adapter.start()
+        closers.append(adapter)
+        return sim, adapter, target, registry, client
+
+    yield make
+    for c in reversed(closers):
+        await c.stop()
+
+
+# ----------------------------------------------------------------------------- cgroup only
+
+
+async def test_live_cgroup_change_is_detected_and_applied_fast(cg: Path) -> None:
+    registry = CollectorRegistry()
+    target = FakeTarget(streams=2, baseline=128 * MiB)
+    adapter = Adapter(
+        target,
+        registry,
+        cgroup=CgroupReader.from_root(str(cg)),
+        settings=AdapterSettings(poll_interval=0.01, slow_interval=0.05),
+        cpus_allowed=lambda: 8,
+    )
+    async with adapter:
+        # the first plan is applied before start() returns
+        assert target.workers == 2
+        assert target.ring == ((GiB - 128 * MiB - 64 * MiB) // 2, MiB)
+        assert target.gpu_healthy is False  # no NVML probe: CPU
+        assert sample(registry, "bridge_limit_cpu_cores") == 2.0
+        assert sample(registry, "bridge_plan_workers") == 2
+
+        written = time.monotonic()
+        write(cg / "cpu.max", "350000 100000")
+        await eventually(lambda: target.workers == 4, within=2)
+        applied = next(t for kind, v, t in reversed(target.calls) if kind == "workers")
+        assert applied - written < 0.5, "cpu.max change not applied within 500 ms"
+
+        write(cg / "memory.max", str(512 * MiB))
+        await eventually(lambda: target.ring == ((512 * MiB - 192 * MiB) // 2, MiB))
+        write(cg / "cpu.max", "max 100000")
+        await eventually(lambda: target.workers == 8)  # unlimited -> all 8 CPUs
+        assert sample(registry, "bridge_limit_cpu_cores") == float("inf")
+
+        # usage moves all the time; it must not cause re-plans
+        n = len(target.calls)
+        for i in range(5):
+            write(cg / "memory.current", str((200 + i) * MiB))
+            await asyncio.sleep(0.02)
+        assert len(target.calls) == n
+
+    assert sample(registry, "bridge_resize_events_total", resource="cpu", direction="up") == 2
+    assert sample(registry, "bridge_resize_events_total", resource="memory", direction="down") == 1
+    count = sample(registry, "bridge_adapt_seconds_count")
+    assert count is not None and count >= 4
+    total = sample(registry, "bridge_adapt_seconds_sum")
+    assert total is not None and total / count < 0.1
+
+
+async def test_malformed_file_is_reported_and_the_rest_still_adapts(cg: Path) -> None:
+    target = FakeTarget()
+    adapter = Adapter(
+        target,
+        CollectorRegistry(),
+        cgroup=CgroupReader.from_root(str(cg)),
+        settings=AdapterSettings(poll_interval=0.01),
+        cpus_allowed=lambda: 4,
+    )
+    async with adapter:
+        write(cg / "cpu.max", "250000 0")  # zero period
+        await eventually(lambda: bool(adapter.describe()["cgroup"]["problems"]))
+        assert "period must be > 0" in adapter.describe()["cgroup"]["problems"][0]
+        assert target.workers == 4  # no quota known: all CPUs
+        write(cg / "memory.max", str(256 * MiB))
+        await eventually(lambda: target.ring == ((256 * MiB - 64 * MiB) // 2, MiB))
+
+
+async def test_workload_change_replans_shares(cg: Path) -> None:
+    target = FakeTarget(streams=1)
+    adapter = Adapter(
+        target,
+        CollectorRegistry(),
+        cgroup=CgroupReader.from_root(str(cg)),
+        settings=AdapterSettings(poll_interval=0.01, slow_interval=0.02),
+    )
+    async with adapter:
+        assert adapter.plan is not None and adapter.plan.per_stream_bytes == (GiB - 64 * MiB) // 2
+        target.streams = 4
+        await eventually(
+            lambda: (
+                adapter.plan is not None
+                and adapter.plan.per_stream_bytes == (GiB - 64 * MiB) // 2 // 4
+            )
+        )
+
+
+# ----------------------------------------------------------------------------- with the Pod
+
+
+async def test_cooperative_downscale_plans_before_the_kubelet_applies(
+    stack: Callable[..., Any], tmp_path: Path
+) -> None:
+    target = FakeTarget(streams=2)
+    sim, adapter, target, registry, client = await stack("pod-resize-done.json", target=target)
+    root = tmp_path / "cg-sim"
+    await eventually(lambda: adapter.describe()["pod"] is not None)
+    assert target.ring == ((12 * GiB - 64 * MiB) // 2, MiB)
+    target.probe = lambda: (root / "memory.max").read_text().strip()
+
+    assert sim.cgroup is not None
+    sim.cgroup.set_memory_usage(9 * GiB)  # above the new limit: the kubelet will refuse
+    await client.patch(
+        RESIZE,
+        {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "bridge",
+                        "resources": {
+                            "requests": {"cpu": "4", "memory": "6Gi"},
+                            "limits": {"cpu": "4", "memory": "6Gi"},
+                        },
+                    }
+                ]
+            }
+        },
+    )
+
+    small = (6 * GiB - 64 * MiB) // 2
+    await eventually(lambda: target.ring == (small, MiB))
+    # applied while the cgroup still had the old 12 GiB limit
+    assert target.probed[-1] == (small, str(12 * GiB))
+    await eventually(lambda: (sim.condition("PodResizeInProgress") or {}).get("reason") == "Error")
+    await eventually(lambda: (adapter.describe()["pending_resize"] or {}).get("reason") == "Error")
+    assert adapter.plan is not None and adapter.plan.memory_limit_bytes == 6 * GiB
+    assert "cooperative downscale" in adapter.plan.reasons["memory_limit_bytes"]
+
+    # the data plane shrinks (simulated usage drop): the kubelet's next check passes
+    sim.cgroup.set_memory_usage(5 * GiB)
+    await eventually(lambda: (root / "memory.max").read_text().strip() == str(6 * GiB))
+    await eventually(lambda: adapter.describe()["pending_resize"] is None)
+    assert target.ring == (small, MiB)  # nothing more to do: already planned for 6 GiB
+    assert sample(registry, "bridge_resize_events_total", resource="memory", direction="down") == 1
+
+
+async def test_deferred_pending_too_long_raises_event_and_gauge(
+    stack: Callable[..., Any],
+) -> None:
+    settings = AdapterSettings(poll_interval=0.01, slow_interval=0.02, pending_timeout=0.2)
+    sim, adapter, target, registry, client = await stack(
+        "pod-running-initial.json", node=NodeModel(others_cpu_m=13_000), settings=settings
+    )
+    await client.patch(RESIZE, load("resize-patch-body.json"))
+    await eventually(
+        lambda: (adapter.describe()["pending_resize"] or {}).get("reason") == "Deferred"
+    )
+    assert sample(registry, "bridge_resize_pending", reason="Deferred") == 0  # not yet
+    await eventually(lambda: len(sim.events) == 1, within=2)
+    ev = sim.events[0]
+    assert ev["reason"] == "BridgeResizePending" and ev["type"] == "Warning"
+    assert ev["involvedObject"]["name"] == "sim-bridge-0"
+    assert ev["involvedObject"]["uid"] == "5f1c2b7e-2a64-4c1e-9d0e-0f3c7a51b9d2"
+    assert "Deferred" in ev["message"] and "Node didn't have enough resource: cpu" in ev["message"]
+    assert sample(registry, "bridge_resize_pending", reason="Deferred") == 1
+    await asyncio.sleep(0.1)
+    assert len(sim.events) == 1  # once per pending resize, not per poll
+
+    sim.set_node_others(cpu_m=0)
+    await eventually(lambda: target.workers == 4)
+    await eventually(lambda: sample(registry, "bridge_resize_pending", reason="Deferred") == 0)
+    assert adapter.describe()["pending_resize"] is None
+
+
+async def test_gpu_health_from_kubelet_and_from_nvml(stack: Callable[..., Any]) -> None:
+    nvml = FakeNvml()
+    sim, adapter, target, _, _ = await stack(
+        "pod-resize-done-v1.36-health.json", gpu=GpuProbe(nvml)
+    )
+    assert target.gpu_healthy is True  # NVML sees the MIG instance
+    await eventually(lambda: bool(adapter.describe()["devices"]))
+    dev = adapter.describe()["devices"][0]
+    assert dev["uuid"] == MIG_UUID and dev["profile"] == "3g.40gb"
+    assert adapter.plan is not None and adapter.plan.gpu_batch_points > 0
+
+    sim.set_device_health(MIG_ID, "Unhealthy", "XID 79")
+    await eventually(lambda: target.gpu_healthy is False)
+    assert adapter.plan is not None and "Unhealthy: XID 79" in adapter.plan.reasons["gpu_healthy"]
+    sim.set_device_health(MIG_ID, "Healthy")
+    await eventually(lambda: target.gpu_healthy is True)
+
+    nvml.lost = True  # NVML error on the MIG instance
+    await eventually(lambda: target.gpu_healthy is False)
+    assert "GPU is lost" in adapter.plan.reasons["gpu_healthy"]
+    nvml.lost = False
+    await eventually(lambda: target.gpu_healthy is True)
+    flips = [v for kind, v, _ in target.calls if kind == "gpu"]
+    assert flips == [True, False, True, False, True]
+
+
+async def test_describe_names_every_source(stack: Callable[..., Any]) -> None:
+    sim, adapter, *_ = await stack("pod-resize-done.json")
+    await eventually(lambda: adapter.describe()["pod"] is not None)
+    d = adapter.describe()
+    assert d["cgroup"]["cpu.max"]["source"].endswith("cpu.max")
+    assert d["cgroup"]["memory.max"]["value"] == 12 * GiB
+    assert d["cpus_allowed"] == {"value": 16, "source": "os.sched_getaffinity(0)"}
+    assert d["pod"]["source"] == "GET /api/v1/namespaces/sim/pods/sim-bridge-0"
+    assert d["pod"]["resize"] == "None"
+    assert d["pod_source"]["api"] == sim.url and d["pod_source"]["connected"]
+    assert d["plan"]["workers"]["value"] == 4
+    assert "cpu.max" in d["plan"]["workers"]["why"]
+    json.dumps(d)  # JSON-able for /debug/resources
+
+
+async def test_from_env(cg: Path) -> None:
+    sim = KubeSim(load("pod-running-initial.json"), cgroup_dir=None)
+    await sim.start()
+    try:
+        env = {
+            "BRIDGE_CGROUP_ROOT": str(cg),
+            "BRIDGE_KUBE_API": sim.url,
+            "BRIDGE_POD_NAME": "sim-bridge-0",
+            "BRIDGE_POD_NAMESPACE": "sim",
+        }
+        target = FakeTarget()
+        settings = AdapterSettings(poll_interval=0.01, plan=PlanSettings(ring_fraction=0.25))
+        adapter = Adapter.from_env(
+            target, CollectorRegistry(), settings=settings, env=env, gpu=GpuProbe(None)
+        )
+        async with adapter:
+            await eventually(lambda: adapter.describe()["pod"] is not None)
+            assert target.ring == ((GiB - 64 * MiB) // 4, MiB)
+        no_cluster = Adapter.from_env(
+            FakeTarget(), CollectorRegistry(), env={"BRIDGE_CGROUP_ROOT": str(cg)}
+        )
+        assert no_cluster.describe()["pod_source"] is None
+    finally:
+        await sim.stop()
