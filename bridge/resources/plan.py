@@ -146,16 +146,18 @@ def effective_memory_limit(snap: Snapshot, s: PlanSettings) -> tuple[int | None,
                     )
                 )
     if not candidates:
-        why = "unlimited" if cg.memory_max is not None else "no memory limit visible"
-        src = f" ({cg.memory_max.source})" if cg.memory_max is not None else ""
-        return None, why + src
+        if cg.memory_max is not None:
+            return None, f"no limit in {cg.memory_max.source}"
+        return None, "no memory limit visible"
     value, why = min(candidates, key=lambda c: c[0])
     return value, why
 
 
 def _ring(snap: Snapshot, s: PlanSettings, reasons: dict[str, str]) -> tuple[int, int, int | None]:
     limit, why = effective_memory_limit(snap, s)
-    reasons["memory_limit_bytes"] = f"{format_bytes(limit)} from {why}"
+    reasons["memory_limit_bytes"] = (
+        f"unlimited: {why}" if limit is None else (f"{format_bytes(limit)} from {why}")
+    )
     streams = max(0, snap.workload.active_streams)
     if limit is None:
         budget = s.unlimited_memory_cap_bytes

@@ -99,12 +99,20 @@ class PodSource:
         self.problems = problems
         return resolve_devices(pod, self._claims, self._slices, self._container)
 
-    async def _deliver(self, obj: dict[str, object]) -> None:
+    async def _update(self, obj: dict[str, object]) -> PodUpdate:
         detected_at = self._clock()
         pod = parse_pod(obj)
         devices = await self._resolve(pod) if pod.claim_statuses else ()
         update = PodUpdate(pod, devices, detected_at, tuple(self.problems) + pod.problems)
         self.last = update
+        return update
+
+    async def fetch_once(self) -> PodUpdate:
+        """One GET of the Pod plus its claims and slices (``simbridge resources``)."""
+        return await self._update(await self.client.get(pod_path(self.namespace, self.name)))
+
+    async def _deliver(self, obj: dict[str, object]) -> None:
+        update = await self._update(obj)
         try:
             result = self._on_pod(update)
             if inspect.isawaitable(result):

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import json
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -426,3 +427,40 @@ async def test_from_env(cg: Path) -> None:
         assert no_cluster.describe()["pod_source"] is None
     finally:
         await sim.stop()
+
+
+async def test_cli_prints_values_and_sources(stack: Callable[..., Any], tmp_path: Path) -> None:
+    """``simbridge resources --json`` (run as ``python -m bridge.resources``) against kubesim."""
+    sim, *_ = await stack("pod-resize-done-v1.36-health.json")
+    env = {
+        **os.environ,
+        "BRIDGE_CGROUP_ROOT": str(tmp_path / "cg-sim"),
+        "BRIDGE_KUBE_API": sim.url,
+        "BRIDGE_POD_NAME": "sim-bridge-0",
+        "BRIDGE_POD_NAMESPACE": "sim",
+    }
+    for args in (["--json"], []):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bridge.resources",
+            *args,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 0, err.decode()
+        if args:
+            data = json.loads(out)
+            assert data["cgroup"]["cpu.max"]["value"]["cores"] == 4.0
+            assert data["cgroup"]["memory.max"]["source"] == str(tmp_path / "cg-sim" / "memory.max")
+            assert data["pod"]["resize"] == "None" and data["pod_source"]["configured"]
+            assert data["devices"][0]["uuid"] == MIG_UUID
+            assert data["devices"][0]["health"] == "Healthy"
+            workers = min(4, len(os.sched_getaffinity(0)))  # clamped to this machine's CPUs
+            assert data["plan (default settings, no streams)"]["workers"]["value"] == workers
+        else:
+            text = out.decode()
+            assert "cpu.max: " in text and "<- " + str(tmp_path / "cg-sim" / "cpu.max") in text
+            assert f"workers: {min(4, len(os.sched_getaffinity(0)))}" in text

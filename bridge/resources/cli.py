@@ -1,0 +1,88 @@
+"""``simbridge resources``: print what the bridge sees and where each value came from.
+
+Reads once: the cgroup (``BRIDGE_CGROUP_ROOT`` or the process's own), the own Pod with its
+ResourceClaims and ResourceSlices (when ``BRIDGE_POD_NAME``/``BRIDGE_POD_NAMESPACE`` and an API are
+configured), and NVML (when ``nvidia-ml-py`` is installed); then prints the plan the bridge would
+apply with default settings. Problems are printed, never fatal: exit status 0 unless the
+arguments are wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from bridge.resources.adapt import affinity_cpus
+from bridge.resources.cgroup import open_cgroup
+from bridge.resources.describe import describe_plan, describe_snapshot, render_text
+from bridge.resources.gpu import GpuProbe
+from bridge.resources.kubeapi import KubeClient, KubeConfig, KubeError, own_pod_from_env
+from bridge.resources.plan import PlanSettings, make_plan
+from bridge.resources.podsource import PodSource, PodUpdate
+from bridge.resources.snapshot import Snapshot, Sourced
+
+
+async def _fetch_pod(
+    env: Mapping[str, str], wait_s: float
+) -> tuple[PodUpdate | None, dict[str, Any] | None]:
+    config, ref = KubeConfig.from_env(env), own_pod_from_env(env)
+    if config is None or ref is None:
+        why = "no API configured" if config is None else "BRIDGE_POD_NAME/NAMESPACE not set"
+        return None, {"configured": False, "why": why}
+    info: dict[str, Any] = {"configured": True, "api": config.base_url, "pod": "/".join(ref)}
+    source = PodSource(KubeClient(config, timeout=wait_s), ref[0], ref[1], lambda u: None)
+    try:
+        update = await asyncio.wait_for(source.fetch_once(), wait_s)
+    except (KubeError, TimeoutError, ValueError) as e:
+        info["error"] = str(e) or repr(e)
+        return None, info
+    info["problems"] = list(update.problems)
+    return update, info
+
+
+def collect(env: Mapping[str, str] | None = None, timeout: float = 5.0) -> dict[str, Any]:
+    """Read every source once; the dict that ``--json`` prints."""
+    env = os.environ if env is None else env
+    reading = open_cgroup(env).read()
+    update, pod_info = asyncio.run(_fetch_pod(env, timeout))
+    probe = GpuProbe.load()
+    try:
+        gpu = probe.read()
+    finally:
+        probe.close()
+    snap = Snapshot(
+        cgroup=reading,
+        cpus_allowed=Sourced(affinity_cpus(), "os.sched_getaffinity(0)"),
+        pod=update.pod if update else None,
+        devices=update.devices if update else (),
+        gpu=gpu,
+    )
+    out = describe_snapshot(snap)
+    out["pod_source"] = pod_info
+    out["plan (default settings, no streams)"] = describe_plan(make_plan(snap, PlanSettings()))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="simbridge resources",
+        description="Show the CPU/memory limits, own Pod resize state, DRA devices and GPUs the "
+        "bridge sees, where each value came from, and the plan it would apply.",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds to wait for the Kubernetes API"
+    )
+    args = parser.parse_args(argv)
+    data = collect(timeout=args.timeout)
+    if args.json:
+        json.dump(data, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_text(data) + "\n")
+    return 0
