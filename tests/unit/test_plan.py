@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from bridge.resources.cgroup_parse import CpuMax
+from bridge.resources.gpu import GpuProbe
 from bridge.resources.plan import Plan, PlanSettings, effective_memory_limit, make_plan
 from bridge.resources.pod import (
     AllocatedDevice,
@@ -323,3 +325,130 @@ def test_problems_are_carried_into_reasons() -> None:
 def test_settings_validation(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         PlanSettings(**kwargs)
+
+
+# --------------------------------------------------------------------------------- NVML probe
+
+
+class FakeNVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        names = {12: "NVML Shared Library Not Found", 15: "GPU is lost", 6: "Not Found"}
+        return names.get(self.value, f"NVML error {self.value}")
+
+
+class FakeNvml:
+    """pynvml-shaped: GPUs given as dicts; ``mig`` lists instance slots (None = empty slot)."""
+
+    NVMLError = FakeNVMLError
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12
+    NVML_ERROR_NOT_FOUND = 6
+
+    def __init__(self, gpus: list[dict[str, Any]], init_error: int | None = None) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.init_calls = 0
+        self.shutdowns = 0
+
+    def nvmlInit(self) -> None:
+        self.init_calls += 1
+        if self.init_error is not None:
+            raise FakeNVMLError(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> dict[str, Any]:
+        return self.gpus[i]
+
+    def nvmlDeviceGetUUID(self, h: dict[str, Any]) -> bytes:
+        return str(h["uuid"]).encode()  # older bindings return bytes
+
+    def nvmlDeviceGetName(self, h: dict[str, Any]) -> str:
+        return str(h["name"])
+
+    def nvmlDeviceGetMemoryInfo(self, h: dict[str, Any]) -> Any:
+        if h.get("error"):
+            raise FakeNVMLError(h["error"])
+        if h.get("bug"):
+            raise TypeError("a bug, not an NVML error")
+        return SimpleNamespace(total=h["total"], used=h["used"])
+
+    def nvmlDeviceGetMigMode(self, h: dict[str, Any]) -> tuple[int, int]:
+        if "mig" not in h:
+            raise FakeNVMLError(3)  # NOT_SUPPORTED
+        return (1, 1)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: dict[str, Any]) -> int:
+        return len(h["mig"])
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: dict[str, Any], j: int) -> dict[str, Any]:
+        slot = h["mig"][j]
+        if slot is None:
+            raise FakeNVMLError(6)
+        return dict(slot)
+
+
+H200 = {"uuid": "GPU-h200", "name": "NVIDIA H200", "total": 141 * GiB, "used": 2 * GiB}
+
+
+def test_probe_without_package_or_driver() -> None:
+    assert GpuProbe(None, missing_reason="nvidia-ml-py not installed").read() == GpuReading(
+        available=False, problems=("nvidia-ml-py not installed",)
+    )
+    nvml = FakeNvml([], init_error=12)
+    probe = GpuProbe(nvml)
+    first, second = probe.read(), probe.read()
+    assert not first.available and "Shared Library Not Found" in first.problems[0]
+    assert second == first and nvml.init_calls == 1  # no GPU is permanent: no retry per poll
+
+
+def test_probe_retries_other_init_errors() -> None:
+    nvml = FakeNvml([H200], init_error=999)
+    probe = GpuProbe(nvml)
+    assert not probe.read().available
+    nvml.init_error = None
+    reading = probe.read()
+    assert reading.available and nvml.init_calls == 2
+    assert (
+        reading.devices[0].uuid == "GPU-h200" and reading.devices[0].memory_free_bytes == 139 * GiB
+    )
+    probe.close()
+    assert nvml.shutdowns == 1
+
+
+def test_probe_lists_mig_instances_and_skips_empty_slots() -> None:
+    mig = {"uuid": "MIG-1", "name": "NVIDIA H200 MIG 3g.71gb", "total": 71 * GiB, "used": 0}
+    gpu = {**H200, "mig": [None, mig, None]}
+    reading = GpuProbe(FakeNvml([gpu])).read()
+    assert [(d.index, d.uuid, d.is_mig) for d in reading.devices] == [
+        ("0", "GPU-h200", False),
+        ("0/1", "MIG-1", True),
+    ]
+    plan = make_plan(snap(gpu=reading))
+    assert plan.gpu_healthy and "MIG 3g.71gb" in plan.reasons["gpu_healthy"]
+
+
+def test_probe_marks_nvml_errors_unhealthy_and_does_not_hide_bugs() -> None:
+    lost = {**H200, "error": 15}
+    reading = GpuProbe(FakeNvml([lost])).read()
+    (dev,) = reading.devices
+    assert not dev.healthy and dev.problem == "GPU is lost"
+    assert reading.problems == ("NVIDIA H200 0: GPU is lost",)
+    assert not make_plan(snap(gpu=reading)).gpu_healthy
+    with pytest.raises(TypeError):
+        GpuProbe(FakeNvml([{**H200, "bug": True}])).read()
+
+
+def test_probe_load_uses_pynvml_when_installed() -> None:
+    probe = GpuProbe.load()
+    reading = probe.read()  # on a machine without a GPU: available False, never an exception
+    assert isinstance(reading, GpuReading)
+    probe.close()
