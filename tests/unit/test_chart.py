@@ -13,6 +13,7 @@ templates' own checks) before anything reaches a cluster.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import re
@@ -842,3 +843,38 @@ def test_inconsistent_values_fail_rendering(
     with pytest.raises(helm.HelmError) as err:
         renderer.render_values(values)
     assert message in str(err.value), f"{case}: {err.value}"
+
+
+# ------------------------------------------------------------------ contract with the bridge
+
+
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_rendered_env_is_accepted_by_the_bridge(renderer: Renderer, values_file: str) -> None:
+    """Every BRIDGE_* variable the chart sets is one the bridge reads, and its value loads.
+
+    The bridge ignores unknown BRIDGE_* variables, so a typo here would silently do nothing.
+    """
+    settings_mod = pytest.importorskip("bridge.settings", reason="bridge package not importable")
+    kubeapi = pytest.importorskip(
+        "bridge.resources.kubeapi", reason="bridge package not importable"
+    )
+    known = {f"BRIDGE_{f.name.upper()}" for f in dataclasses.fields(settings_mod.Settings)}
+    known |= {kubeapi.ENV_POD_NAME, kubeapi.ENV_POD_NAMESPACE}
+    env_list = bridge_container(renderer.ci(values_file))["env"]
+    names = [e["name"] for e in env_list]
+    unknown = [n for n in names if n.startswith("BRIDGE_") and n not in known]
+    assert not unknown, f"the bridge does not read {unknown}"
+    plain = {e["name"]: e["value"] for e in env_list if "value" in e}
+    settings = settings_mod.load(flags={}, env=plain)
+    assert settings.log_format == plain["BRIDGE_LOG_FORMAT"]
+    assert settings.decimate_backend == plain["BRIDGE_DECIMATE_BACKEND"]
+    assert settings.drain_grace_seconds == float(plain["BRIDGE_DRAIN_GRACE_SECONDS"])
+    # The container ports the chart exposes are the bridge's defaults.
+    ports = {
+        p["name"]: p["containerPort"] for p in bridge_container(renderer.ci(values_file))["ports"]
+    }
+    assert (settings.ws_port, settings.grpc_port, settings.http_port) == (
+        ports["ws"],
+        ports["grpc"],
+        ports["http-metrics"],
+    )
