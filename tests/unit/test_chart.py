@@ -538,6 +538,15 @@ def test_statefulset_headless_service_and_pod_dns(renderer: Renderer) -> None:
     assert pdb["spec"]["maxUnavailable"] == 1
 
 
+def test_scaled_to_zero_never_widens_pod_access(renderer: Renderer) -> None:
+    """replicas: 0 must not drop resourceNames (which would grant every pod in the namespace)."""
+    docs = renderer.render_values({"replicas": 0, "resizer": {"enabled": True}})
+    for role in by_kind(docs, "Role"):
+        for rule in role["rules"]:
+            if "pods" in rule["resources"] or "pods/resize" in rule["resources"]:
+                assert rule["resourceNames"] == [f"{FULLNAME}-0"]
+
+
 def test_deployment_variant(renderer: Renderer) -> None:
     docs = renderer.ci("deployment-values.yaml")
     d = one(docs, "Deployment")

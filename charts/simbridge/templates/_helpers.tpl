@@ -114,7 +114,7 @@ Empty output = no restriction (Deployment, or rbac.restrictToOwnPods=false).
 {{- define "simbridge.ownPodNames" -}}
 {{- if and .Values.rbac.restrictToOwnPods (include "simbridge.isStatefulSet" .) }}
 {{- $fullname := include "simbridge.fullname" . }}
-{{- range $i := until (int .Values.replicas) }}
+{{- range $i := until (int (max 1 .Values.replicas)) }}
 - {{ printf "%s-%d" $fullname $i | quote }}
 {{- end }}
 {{- end }}
