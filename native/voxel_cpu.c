@@ -39,30 +39,64 @@ typedef struct {
 } scratch_t;
 
 /* Per calling thread: pool threads each reuse their own buffers (first touch of fresh
- * memory is slow on these VMs; see DESIGN.md section 8). */
-static _Thread_local scratch_t tl_scratch;
+ * memory is slow on these VMs; see DESIGN.md section 8). A pthread key, not just
+ * _Thread_local, so the buffer is freed when its thread exits. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_key_ok;
 
-static void *scratch_get(size_t bytes) {
-    if (tl_scratch.size >= bytes) return tl_scratch.p;
-    free(tl_scratch.p);
-    tl_scratch.p = NULL;
-    tl_scratch.size = 0;
-    size_t rounded = (bytes + 4095) & ~(size_t)4095;
-    void *p = aligned_alloc(64, rounded);
-    if (!p) return NULL;
-    tl_scratch.p = p;
-    tl_scratch.size = rounded;
-    return p;
+static void scratch_free(void *arg) {
+    scratch_t *s = (scratch_t *)arg;
+    if (!s) return;
+    free(s->p);
+    free(s);
 }
 
-static void scratch_done(void) {
-    if (tl_scratch.size > SBV_SCRATCH_KEEP) sbv_release_scratch();
+static void scratch_init(void) { scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0; }
+
+static scratch_t *scratch_slot(int create) {
+    pthread_once(&scratch_once, scratch_init);
+    if (!scratch_key_ok) return NULL;
+    scratch_t *s = (scratch_t *)pthread_getspecific(scratch_key);
+    if (!s && create) {
+        s = (scratch_t *)calloc(1, sizeof *s);
+        if (s && pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            s = NULL;
+        }
+    }
+    return s;
+}
+
+/* Returns a buffer of at least `bytes` and whether it is cached (*cached = 1) or must be
+ * freed by the caller (the key could not be created). */
+static void *scratch_get(size_t bytes, int *cached) {
+    size_t rounded = (bytes + 4095) & ~(size_t)4095;
+    scratch_t *s = scratch_slot(1);
+    *cached = s != NULL;
+    if (!s) return aligned_alloc(64, rounded);
+    if (s->size >= bytes) return s->p;
+    free(s->p);
+    s->p = aligned_alloc(64, rounded);
+    s->size = s->p ? rounded : 0;
+    return s->p;
+}
+
+static void scratch_done(void *mem, int cached) {
+    if (!cached) {
+        free(mem);
+        return;
+    }
+    scratch_t *s = scratch_slot(0);
+    if (s && s->size > SBV_SCRATCH_KEEP) sbv_release_scratch();
 }
 
 void sbv_release_scratch(void) {
-    free(tl_scratch.p);
-    tl_scratch.p = NULL;
-    tl_scratch.size = 0;
+    scratch_t *s = scratch_slot(0);
+    if (!s) return;
+    free(s->p);
+    s->p = NULL;
+    s->size = 0;
 }
 
 int sbv_abi_version(void) { return SBV_ABI_VERSION; }
@@ -450,7 +484,8 @@ static int downsample(job_t *job, double voxel_size, int threads, size_t cap, si
     job->nbuckets = (size_t)1 << job->top_bits;
     size_t hist_words = (size_t)nt * job->nbuckets + job->nbuckets + 1;
     size_t bytes = 2 * nf * sizeof(uint64_t) + hist_words * sizeof(size_t);
-    unsigned char *mem = (unsigned char *)scratch_get(bytes);
+    int cached = 0;
+    unsigned char *mem = (unsigned char *)scratch_get(bytes, &cached);
     if (!mem) {
         if (err && err_len) snprintf(err, err_len, "out of memory (%zu bytes of scratch)", bytes);
         return SBV_ENOMEM;
@@ -490,6 +525,7 @@ static int downsample(job_t *job, double voxel_size, int threads, size_t cap, si
         m += job->voxels[t];
     }
     run_phase(job, phase_reduce);
+    scratch_done(mem, cached);
     *out_points = m;
     return SBV_OK;
 }
@@ -512,7 +548,6 @@ int sbv_downsample_cpu(const sbv_cloud *in, double voxel_size, int threads, void
         job->stride = in->stride;
         job->out = (unsigned char *)out;
         rc = downsample(job, voxel_size, threads, out_capacity, out_points, err, err_len);
-        scratch_done();
     }
     free(job);
     return rc;

@@ -110,8 +110,17 @@ static PyObject *py_cpu_count(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(n > 0 ? n : 1);
 }
 
+static PyObject *py_release_scratch(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    sbv_release_scratch();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"downsample", (PyCFunction)(void (*)(void))py_downsample, METH_VARARGS | METH_KEYWORDS, downsample_doc},
+    {"release_scratch", py_release_scratch, METH_NOARGS,
+     "Free the calling thread's cached kernel scratch memory (kept between calls otherwise)."},
     {"cpu_count", py_cpu_count, METH_NOARGS, "Online CPUs (a default for the kernel's threads)."},
     {NULL, NULL, 0, NULL},
 };

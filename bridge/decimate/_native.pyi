@@ -4,8 +4,14 @@ from collections.abc import Sequence
 
 from typing_extensions import Buffer
 
-#: Number of kernel threads the machine suggests (online CPUs).
-def cpu_count() -> int: ...
+ABI_VERSION: int
+
+def cpu_count() -> int:
+    """Online CPUs (a default for the kernel's thread count)."""
+
+def release_scratch() -> None:
+    """Free the calling thread's cached kernel scratch memory."""
+
 def downsample(
     data: Buffer,
     stride: int,

@@ -6,8 +6,10 @@ so it avoids ``np.unique`` (a sort plus several passes) and per-voxel Python loo
 1. drop points whose x, y or z is not finite;
 2. ``k = floor(p / voxel_size)`` per axis (in float32 for float32 clouds, as Open3D does),
    refused with :class:`VoxelKeyOverflow` outside the int64 range;
-3. one linear key per point from the per-axis spans (lexicographic order preserved), with the
-   point index packed into the low bits so a plain ``np.sort`` is a stable argsort;
+3. one linear key per point from the per-axis spans (lexicographic order preserved); when the
+   grid is small (at most ~4 cells per point) a ``np.bincount`` over cells numbers the voxels
+   with no sort at all, otherwise the point index goes into the key's low bits so a plain
+   ``np.sort`` is a stable argsort;
 4. per-voxel sums with ``np.bincount`` in input order (float64), means, integer rounding.
 
 Summing in input order within each voxel is what the C kernel does too, so the two agree
@@ -15,8 +17,6 @@ to the last bit on x, y, z and float fields.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -29,19 +29,38 @@ _INT64_LIMIT = 2.0**63  # keys must lie in [-2**63, 2**63)
 IntArray = npt.NDArray[np.intp]
 
 
-@dataclass(frozen=True, slots=True)
 class Bins:
     """Which voxel each kept point falls in; voxels numbered in key order."""
 
-    kept: IntArray | None  #: input index of each kept (finite) point; None when all are kept
-    inverse: IntArray  #: voxel number of each kept point, in input order
-    order: IntArray  #: kept-point positions sorted by (voxel, input position)
-    starts: IntArray  #: first position in ``order`` of each voxel
-    counts: npt.NDArray[np.int64]  #: points per voxel
+    __slots__ = ("_order", "counts", "inverse", "kept")
+
+    def __init__(
+        self,
+        kept: IntArray | None,
+        inverse: IntArray,
+        counts: npt.NDArray[np.int64],
+        order: IntArray | None = None,
+    ) -> None:
+        self.kept = kept  #: input index of each kept (finite) point; None when all are kept
+        self.inverse = inverse  #: voxel number of each kept point, in input order
+        self.counts = counts  #: points per voxel
+        self._order = order
 
     @property
     def voxels(self) -> int:
         return len(self.counts)
+
+    @property
+    def order(self) -> IntArray:
+        """Kept-point positions sorted by (voxel, input position); computed on first use."""
+        if self._order is None:
+            self._order = np.argsort(self.inverse, kind="stable")
+        return self._order
+
+    @property
+    def starts(self) -> IntArray:
+        """First position in ``order`` of each voxel."""
+        return np.concatenate(([0], np.cumsum(self.counts)[:-1])).astype(np.intp)
 
 
 def as_byte_buffer(data: bytes | bytearray | memoryview) -> bytes | memoryview:
@@ -59,57 +78,99 @@ def as_byte_buffer(data: bytes | bytearray | memoryview) -> bytes | memoryview:
 
 def bin_points(xyz: npt.NDArray[np.floating], voxel_size: float, float32_keys: bool) -> Bins:
     """Assign finite points of an (n, 3) array to voxels sorted by (kx, ky, kz)."""
-    finite = np.isfinite(xyz).all(axis=1)
+    return bin_columns([xyz[:, i] for i in range(3)], voxel_size, float32_keys)
+
+
+def _overflow(voxel_size: float, cols: list[npt.NDArray[np.floating]]) -> VoxelKeyOverflow:
+    lo = min(float(c.min()) for c in cols)
+    hi = max(float(c.max()) for c in cols)
+    return VoxelKeyOverflow(
+        f"voxel index floor(p / {voxel_size!r}) exceeds the int64 range "
+        f"(coordinates span {lo!r}..{hi!r}); use a larger voxel_size"
+    )
+
+
+def bin_columns(
+    cols: list[npt.NDArray[np.floating]], voxel_size: float, float32_keys: bool
+) -> Bins:
+    """Like :func:`bin_points` on three 1-D coordinate arrays (x, y, z).
+
+    Works on contiguous columns: NumPy reductions over axis 0 of an (n, 3) array are an
+    order of magnitude slower than over three flat arrays.
+    """
+    ftype = np.dtype(np.float32 if float32_keys else np.float64)
+    cols = [np.asarray(c, dtype=ftype) for c in cols]
+    finite = np.isfinite(cols[0]) & np.isfinite(cols[1]) & np.isfinite(cols[2])
     kept: IntArray | None = None
     if not finite.all():
         kept = np.flatnonzero(finite)
-        xyz = xyz[kept]
-    n = len(xyz)
+        cols = [c[kept] for c in cols]
+    n = len(cols[0])
     if n == 0:
-        empty = np.zeros(0, dtype=np.intp)
-        return Bins(kept, empty, empty, empty, np.zeros(0, dtype=np.int64))
-    ftype = np.dtype(np.float32 if float32_keys else np.float64)
-    q = np.floor(np.asarray(xyz, dtype=ftype) / np.asarray(voxel_size, dtype=ftype))
-    lo, hi = q.min(axis=0), q.max(axis=0)
-    if float(lo.min()) < -_INT64_LIMIT or float(hi.max()) >= _INT64_LIMIT:
-        raise VoxelKeyOverflow(
-            f"voxel index floor(p / {voxel_size!r}) exceeds the int64 range "
-            f"(coordinates span {float(np.min(xyz))!r}..{float(np.max(xyz))!r}); "
-            "use a larger voxel_size"
-        )
-    keys = q.astype(np.int64)
-    kmin = [int(v) for v in lo]
-    spans = [int(h) - int(v) + 1 for v, h in zip(lo, hi, strict=True)]
+        return Bins(kept, np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.int64))
+    scale = np.asarray(voxel_size, dtype=ftype)
+    keys: list[npt.NDArray[np.int64]] = []
+    spans: list[int] = []
+    for c in cols:
+        q = np.floor(c / scale)
+        lo, hi = float(q.min()), float(q.max())
+        if lo < -_INT64_LIMIT or hi >= _INT64_LIMIT:
+            raise _overflow(voxel_size, cols)
+        k = q.astype(np.int64)
+        spans.append(int(hi) - int(lo) + 1)
+        k -= int(lo)  # no overflow: 0 <= k - lo < span (int64 arithmetic wraps correctly)
+        keys.append(k)
     total = spans[0] * spans[1] * spans[2]
-    if total <= 2**62:
-        # Mixed-radix linear key: same order as (kx, ky, kz); fits int64 by the check above.
-        lin = (keys[:, 0] - kmin[0]) * (spans[1] * spans[2])
-        lin += (keys[:, 1] - kmin[1]) * spans[2]
-        lin += keys[:, 2] - kmin[2]
-        idx_bits = max(1, (n - 1).bit_length())
-        if (total - 1).bit_length() + idx_bits <= 63:
-            packed = np.sort((lin << idx_bits) | np.arange(n, dtype=np.int64))
-            order = (packed & ((1 << idx_bits) - 1)).astype(np.intp)
-            sorted_keys = packed >> idx_bits
-        else:
-            order = np.argsort(lin, kind="stable")
-            sorted_keys = lin[order]
-        new = np.empty(n, dtype=bool)
-        new[0] = True
-        np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=new[1:])
-    else:
+    if total > 2**62:
         # Spans too wide for one int64: lexsort on the three keys (slower, still exact).
-        order = np.lexsort((keys[:, 2], keys[:, 1], keys[:, 0]))
-        sk = keys[order]
+        order = np.lexsort((keys[2], keys[1], keys[0]))
         new = np.empty(n, dtype=bool)
         new[0] = True
-        np.any(sk[1:] != sk[:-1], axis=1, out=new[1:])
+        new[1:] = (
+            (np.diff(keys[0][order]) != 0)
+            | (np.diff(keys[1][order]) != 0)
+            | (np.diff(keys[2][order]) != 0)
+        )
+        return _from_sorted(kept, order, new)
+    # Mixed-radix linear key: same order as (kx, ky, kz).
+    lin = keys[0]
+    lin *= spans[1] * spans[2]
+    keys[1] *= spans[2]
+    lin += keys[1]
+    lin += keys[2]
+    if total <= max(4 * n, 1 << 16):
+        # Dense grid: count per cell, no sort at all (cells come out in key order).
+        per_cell = np.bincount(lin, minlength=total)
+        occupied = per_cell > 0
+        voxel_of_cell = np.cumsum(occupied, dtype=np.intp) - 1
+        return Bins(kept, voxel_of_cell[lin], per_cell[occupied].astype(np.int64))
+    idx_bits = max(1, (n - 1).bit_length())
+    if (total - 1).bit_length() + idx_bits <= 63:
+        # Point index in the low bits: a plain sort is then a stable argsort.
+        lin <<= idx_bits
+        lin |= np.arange(n, dtype=np.int64)
+        lin.sort()
+        order = (lin & ((1 << idx_bits) - 1)).astype(np.intp)
+        lin >>= idx_bits
+        sorted_keys = lin
+    else:
+        order = np.argsort(lin, kind="stable")
+        sorted_keys = lin[order]
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=new[1:])
+    return _from_sorted(kept, order, new)
+
+
+def _from_sorted(kept: IntArray | None, order: IntArray, new: npt.NDArray[np.bool_]) -> Bins:
+    """Bins from a key-sorted permutation and its "first of a voxel" flags."""
+    n = len(order)
     starts = np.flatnonzero(new)
     segment = np.cumsum(new, dtype=np.intp) - 1
     inverse = np.empty(n, dtype=np.intp)
     inverse[order] = segment
     counts = np.diff(np.append(starts, n)).astype(np.int64)
-    return Bins(kept, inverse, order, starts, counts)
+    return Bins(kept, inverse, counts, order)
 
 
 def _strided(
@@ -162,15 +223,11 @@ def downsample_packed(
     raw = np.frombuffer(buf_in, dtype=np.uint8)
     stride = layout.stride
     axes = [layout.field(a) for a in XYZ]
-    if f32 and axes[1].offset == axes[0].end and axes[2].offset == axes[1].end:
-        xyz: npt.NDArray[np.floating] = np.ndarray(
-            shape=(n, 3), dtype="<f4", buffer=raw, offset=axes[0].offset, strides=(stride, 4)
-        )
-    else:
-        xyz = np.stack(
-            [_strided(raw, n, stride, s, s.type.dtype).astype(np.float64) for s in axes], axis=1
-        )
-    bins = bin_points(xyz, v, f32)
+    cols: list[npt.NDArray[np.floating]] = [
+        _strided(raw, n, stride, a, a.type.dtype)  # type: ignore[misc]
+        for a in axes
+    ]
+    bins = bin_columns(cols, v, f32)
     m = bins.voxels
     out = np.zeros(m * stride, dtype=np.uint8)
     for spec in layout.fields:

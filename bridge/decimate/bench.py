@@ -1,0 +1,494 @@
+"""``simbridge bench decimate``: every backend next to Open3D, on the same inputs, in one run.
+
+For humans, not CI (timings on shared VMs are noisy, DESIGN.md §8): each method is warmed
+up, then timed several times and the median reported, as input points per second (the raw
+frame's count, NaN included, for every method; Open3D is handed the finite points
+pre-filtered, which flatters it). "peak MB" is the resident-memory high-water mark above the
+baseline during one cold call (Linux ``/proc/self/clear_refs``). The GIL line runs two
+Python threads decimating at once and reports their combined throughput over one thread's:
+~2x on two cores means the method really runs in parallel in a worker pool.
+
+Run ``python -m bridge.decimate.bench --help`` for the input sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bridge.cloud import CloudLayout, make_layout
+from bridge.decimate.backends import available_backends, get_decimator
+
+XYZ_LAYOUT = make_layout(12, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7)])
+XYZRGB_LAYOUT = make_layout(16, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7), ("rgb", 12, 6)])
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PCL = REPO.parent / "shared" / "data" / "pcl"
+
+
+# ---- inputs ----
+
+
+@dataclass
+class Case:
+    name: str
+    shape: str
+    voxel: float
+    layout: CloudLayout
+    data: bytes
+    xyz: npt.NDArray[np.float32]  #: finite points only (what Open3D gets)
+    rgb: npt.NDArray[np.uint8] | None = None  #: finite points' colours, if any
+
+    @property
+    def points(self) -> int:
+        return len(self.data) // self.layout.stride
+
+
+def lidar_like(n: int, seed: int = 0) -> npt.NDArray[np.float32]:
+    """A spinning 64-beam lidar sweep in firing order (beam by beam, azimuth within a beam).
+
+    Downward beams hit the ground 1.8 m below the sensor; the rest hit walls 15-40 m away
+    whose distance wanders with azimuth, open sectors return from 50-80 m, a few percent are
+    near clutter (1-4 m); 2 cm range noise. Dense near the sensor, sparse far away.
+    """
+    rng = np.random.default_rng(seed)
+    beams = 64
+    cols = -(-n // beams)
+    elev = np.repeat(np.deg2rad(np.linspace(-25.0, 15.0, beams)), cols)
+    az = np.tile(np.linspace(0.0, 2 * np.pi, cols, endpoint=False), beams)
+    wall = 27.0 + 8.0 * np.sin(2 * az + 0.3) + 4.0 * np.sin(5 * az + 1.1)
+    far = np.sin(3 * az) > 0.7
+    wall = np.where(far, rng.uniform(50.0, 80.0, az.shape), wall)
+    wall = np.where(rng.random(az.shape) < 0.02, rng.uniform(1.0, 4.0, az.shape), wall)
+    ground = np.where(elev < 0, 1.8 / np.maximum(np.sin(-elev), 1e-6), np.inf)
+    r = np.clip(np.minimum(wall, ground) + rng.normal(0.0, 0.02, az.shape), 1.0, 80.0)
+    xyz = np.stack(
+        [r * np.cos(elev) * np.cos(az), r * np.cos(elev) * np.sin(az), r * np.sin(elev)], axis=1
+    )
+    return xyz[:n].astype(np.float32)
+
+
+def uniform(n: int, seed: int = 0) -> npt.NDArray[np.float32]:
+    """Uniform in a 20 m cube: the worst case (few points share a voxel at small sizes)."""
+    return np.random.default_rng(seed).uniform(-10, 10, (n, 3)).astype(np.float32)
+
+
+SHAPES = ("lidar", "lidar-shuffled", "uniform")
+
+
+def synthetic_case(shape: str, n: int, voxel: float, seed: int) -> Case:
+    """``lidar-shuffled`` is the same sweep in random order: hash tables lose their locality."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose from {', '.join(SHAPES)}")
+    xyz = uniform(n, seed) if shape == "uniform" else lidar_like(n, seed)
+    if shape == "lidar-shuffled":
+        xyz = xyz[np.random.default_rng(seed + 1).permutation(len(xyz))]
+    return Case(f"{shape} {_count(n)} v{voxel:g}", shape, voxel, XYZ_LAYOUT, xyz.tobytes(), xyz)
+
+
+def real_case(path: Path, voxel: float) -> Case | None:
+    """A PCD frame read with Open3D, packed as x, y, z, rgb (NaN points kept)."""
+    o3d = _open3d()
+    if o3d is None:
+        return None
+    pcd = o3d.t.io.read_point_cloud(str(path))
+    xyz = pcd.point.positions.numpy().astype(np.float32)
+    rgb = pcd.point.colors.numpy().astype(np.uint8) if "colors" in pcd.point else None
+    rec = np.zeros(len(xyz), dtype=XYZRGB_LAYOUT.structured_dtype)
+    for i, a in enumerate("xyz"):
+        rec[a] = xyz[:, i]
+    if rgb is not None:
+        rgba = np.zeros((len(xyz), 4), dtype=np.uint8)
+        rgba[:, :3] = rgb
+        rec["rgb"] = rgba.view("<u4")[:, 0]
+    finite = np.isfinite(xyz).all(axis=1)
+    return Case(
+        f"{path.stem[:24]} v{voxel:g}",
+        "real",
+        voxel,
+        XYZRGB_LAYOUT,
+        rec.tobytes(),
+        np.ascontiguousarray(xyz[finite]),
+        None if rgb is None else np.ascontiguousarray(rgb[finite]),
+    )
+
+
+def _count(n: int) -> str:
+    return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n // 1000}k"
+
+
+def _parse_count(text: str) -> int:
+    text = text.strip().lower()
+    scale = {"k": 1_000, "m": 1_000_000}.get(text[-1:], 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+# ---- methods ----
+
+Runner = Callable[[], int]
+
+
+def _open3d() -> Any:
+    try:
+        import open3d as o3d
+    except ImportError:
+        return None
+    return o3d
+
+
+def methods_for(case: Case, wanted: set[str], cpus: int) -> dict[str, Runner]:
+    """name -> zero-argument runner returning the output point count."""
+    runners: dict[str, Runner] = {}
+    avail = available_backends()
+
+    def ours(backend: str, threads: int) -> Runner:
+        d = get_decimator(backend, threads=threads)
+        return lambda: d.downsample(case.layout, case.data, case.voxel).points
+
+    if "numpy" in wanted:
+        runners["numpy"] = ours("numpy", 1)
+    if "c" in wanted and avail["c"] is None:
+        runners["c x1"] = ours("c", 1)
+        if cpus > 1:
+            runners[f"c x{cpus}"] = ours("c", cpus)
+    if "cuda" in wanted and avail["cuda"] is None:
+        runners["cuda"] = ours("cuda", 1)
+    o3d = _open3d()
+    if o3d is not None and "open3d" in wanted:
+        legacy = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(case.xyz.astype(np.float64)))
+        if case.rgb is not None:
+            legacy.colors = o3d.utility.Vector3dVector(case.rgb / 255.0)
+        tensor = o3d.t.geometry.PointCloud(o3d.core.Tensor(case.xyz))
+        if case.rgb is not None:
+            tensor.point.colors = o3d.core.Tensor(case.rgb)
+        runners["o3d legacy"] = lambda: len(legacy.voxel_down_sample(case.voxel).points)
+        runners["o3d tensor"] = lambda: len(tensor.voxel_down_sample(case.voxel).point.positions)
+    return runners
+
+
+# ---- measurement ----
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _trim_heap() -> None:
+    """Give freed heap pages back to the OS, so a rerun has to fault them in again."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+def peak_mb(run: Runner) -> float | None:
+    """Resident high-water mark above the current RSS while ``run`` executes (Linux)."""
+    _release_scratch()
+    _trim_heap()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return None
+    before = _status_kb("VmRSS")
+    run()
+    after = _status_kb("VmHWM")
+    if before is None or after is None:
+        return None
+    return max(0.0, (after - before) / 1024.0)
+
+
+def _release_scratch() -> None:
+    try:
+        from bridge.decimate import _native
+    except ImportError:
+        return
+    _native.release_scratch()
+
+
+def time_runs(run: Runner, repeats: int, budget_s: float) -> list[float]:
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < repeats or (len(times) < 3 * repeats and time.perf_counter() < deadline):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+        if len(times) >= 3 and time.perf_counter() > deadline:
+            break
+    return times
+
+
+@dataclass
+class Row:
+    case: str
+    shape: str
+    points: int
+    voxel: float
+    method: str
+    mpts_per_s: float
+    median_s: float
+    out_points: int
+    peak_mb: float | None
+    ratio_vs_open3d_best: float | None = None
+
+
+@dataclass
+class GilRow:
+    method: str
+    one_thread_mpts: float
+    two_threads_mpts: float
+    ratio: float
+
+
+@dataclass
+class Report:
+    env: dict[str, Any]
+    rows: list[Row] = field(default_factory=list)
+    gil: list[GilRow] = field(default_factory=list)
+
+
+def bench_case(case: Case, runners: dict[str, Runner], repeats: int, budget_s: float) -> list[Row]:
+    rows: list[Row] = []
+    for name, run in runners.items():
+        out = run()  # warm-up (also first-touch of the output)
+        peak = peak_mb(run)
+        run()
+        t = statistics.median(time_runs(run, repeats, budget_s))
+        rows.append(
+            Row(
+                case.name,
+                case.shape,
+                case.points,
+                case.voxel,
+                name,
+                case.points / t / 1e6,
+                t,
+                out,
+                peak,
+            )
+        )
+    best = max((r.mpts_per_s for r in rows if r.method.startswith("o3d")), default=None)
+    for r in rows:
+        r.ratio_vs_open3d_best = None if best is None else r.mpts_per_s / best
+    return rows
+
+
+def gil_figure(name: str, run: Runner, repeats: int) -> GilRow:
+    """Two long-lived Python threads calling ``run`` at once vs one: throughput ratio.
+
+    Long-lived like a worker pool's threads (per-thread scratch stays warm).
+    """
+    rounds = max(3, repeats)
+    start_gate = threading.Barrier(3)
+    end_gate = threading.Barrier(3)
+
+    def worker() -> None:
+        for _ in range(rounds + 1):  # first round warms the thread up
+            start_gate.wait()
+            run()
+            end_gate.wait()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    pairs: list[float] = []
+    for i in range(rounds + 1):
+        start_gate.wait()
+        start = time.perf_counter()
+        end_gate.wait()
+        if i:
+            pairs.append(time.perf_counter() - start)
+    for t in threads:
+        t.join()
+    run()
+    one = statistics.median(time_runs(run, rounds, 2.0))
+    two = statistics.median(pairs)
+    return GilRow(name, 1 / one, 2 / two, (2 / two) / (1 / one))
+
+
+# ---- CLI ----
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="simbridge bench decimate",
+        description=(
+            "Benchmark voxel decimation: numpy, C (1 thread and all CPUs), CUDA when present, "
+            "and Open3D's legacy and tensor voxel_down_sample on the same clouds in one run "
+            "(synthetic uniform and lidar-like clouds, plus real PCD frames). Prints median "
+            "M points/s, output count, peak memory, the ratio to Open3D's best, and the GIL "
+            "figure (two threads vs one)."
+        ),
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.add_argument("--quick", action="store_true", help="a small set (about a minute)")
+    p.add_argument("--full", action="store_true", help="100k, 1M and 10M points (slow: Open3D)")
+    p.add_argument("--sizes", help="comma list of point counts, e.g. 100k,1M,10M")
+    p.add_argument("--voxels", help="comma list of voxel sizes (default 0.05,0.2,1.0)")
+    p.add_argument(
+        "--shapes", help=f"comma list of {','.join(SHAPES)} (default all; --quick: lidar, uniform)"
+    )
+    p.add_argument(
+        "--methods",
+        default="numpy,c,cuda,open3d",
+        help="comma list of numpy,c,cuda,open3d (default all available)",
+    )
+    p.add_argument(
+        "--real",
+        type=Path,
+        default=Path(os.environ.get("BRIDGE_PCL_DATA") or DEFAULT_PCL),
+        help="folder of real .pcd frames (default $BRIDGE_PCL_DATA or ../shared/data/pcl)",
+    )
+    p.add_argument("--real-voxel", type=float, default=0.02, help="voxel for real frames")
+    p.add_argument("--no-real", action="store_true", help="skip the real frames")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per method (median)")
+    p.add_argument("--threads", type=int, help="C threads for the 'c xN' row (default: CPUs)")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def plan_cases(args: argparse.Namespace) -> Iterable[Case]:
+    if args.sizes:
+        sizes = [_parse_count(s) for s in args.sizes.split(",")]
+    elif args.full:
+        sizes = [100_000, 1_000_000, 10_000_000]
+    elif args.quick:
+        sizes = [100_000, 1_000_000]
+    else:
+        sizes = [100_000, 1_000_000]
+    voxels = [float(v) for v in args.voxels.split(",")] if args.voxels else None
+    if args.shapes:
+        shapes = args.shapes.split(",")
+    else:
+        shapes = ["lidar", "uniform"] if args.quick else list(SHAPES)
+    for shape in shapes:
+        for n in sizes:
+            default = [0.2] if args.quick else [0.05, 0.2, 1.0]
+            for v in voxels or default:
+                if args.quick and shape == "uniform" and n < 1_000_000:
+                    continue
+                yield synthetic_case(shape, n, v, args.seed)
+    if not args.no_real and args.real.is_dir():
+        frames = sorted(args.real.glob("*.pcd"))
+        for path in frames[:2] if args.quick else frames:
+            case = real_case(path, args.real_voxel)
+            if case is not None:
+                yield case
+
+
+def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
+    cpus = args.threads or _cpus()
+    wanted = set(args.methods.split(","))
+    o3d = _open3d()
+    report = Report(
+        env={
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "open3d": getattr(o3d, "__version__", None),
+            "cpus": _cpus(),
+            "c_threads": cpus,
+            "backends": available_backends(),
+            "machine": platform.machine(),
+        }
+    )
+    emit(_header(report.env))
+    emit(f"{'case':<30} {'method':<11} {'Mpts/s':>8} {'out pts':>9} {'peak MB':>8} {'x o3d':>7}")
+    budget = 1.0 if args.quick else 3.0
+    repeats = min(args.repeats, 3) if args.quick else args.repeats
+    gil_case: Case | None = None
+    for case in plan_cases(args):
+        runners = methods_for(case, wanted, cpus)
+        rows = bench_case(case, runners, repeats, budget)
+        report.rows += rows
+        for r in rows:
+            emit(_fmt_row(r))
+        counts = {r.out_points for r in rows if r.method != "o3d legacy"}
+        if len(counts) > 1:
+            emit(f"{'':<30} WARNING: output counts differ: {sorted(counts)}")
+        if case.shape == "lidar" and case.points == 1_000_000 and case.voxel == 0.2:
+            gil_case = case
+    if gil_case is None:
+        gil_case = synthetic_case("lidar", 1_000_000, 0.2, args.seed)
+    emit(
+        "(o3d legacy anchors its grid at min bound - v/2, so its counts differ by design; "
+        "every other method must agree)"
+    )
+    emit(f"\nGIL: two threads decimating at once vs one ({gil_case.name}; ~2x = parallel)")
+    runners = methods_for(gil_case, wanted, cpus)
+    for name, fn in runners.items():
+        if name.startswith("c x") and name != "c x1":
+            continue  # already uses every core per call
+        row = gil_figure(name, fn, repeats)
+        report.gil.append(row)
+        emit(
+            f"  {name:<11} 1 thread {row.one_thread_mpts * gil_case.points / 1e6:7.1f} Mpts/s"
+            f"   2 threads {row.two_threads_mpts * gil_case.points / 1e6:7.1f} Mpts/s"
+            f"   ratio {row.ratio:4.2f}"
+        )
+    return report
+
+
+def _header(env: dict[str, Any]) -> str:
+    backends = ", ".join(
+        f"{k}: {'yes' if v is None else 'no (' + v + ')'}" for k, v in env["backends"].items()
+    )
+    return (
+        f"decimation bench: python {env['python']}, numpy {env['numpy']}, open3d {env['open3d']}, "
+        f"{env['cpus']} CPUs, C threads {env['c_threads']}\nbackends: {backends}\n"
+    )
+
+
+def _fmt_row(r: Row) -> str:
+    peak = "n/a" if r.peak_mb is None else f"{r.peak_mb:.1f}"
+    ratio = "" if r.ratio_vs_open3d_best is None else f"{r.ratio_vs_open3d_best:.1f}"
+    return f"{r.case:<30} {r.method:<11} {r.mpts_per_s:8.2f} {r.out_points:9d} {peak:>8} {ratio:>7}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for ``simbridge bench decimate``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if args.json:
+        report = run(args, lambda _line: None)
+        print(
+            json.dumps(
+                {
+                    "env": report.env,
+                    "results": [asdict(r) for r in report.rows],
+                    "gil": [asdict(g) for g in report.gil],
+                },
+                indent=2,
+            )
+        )
+    else:
+        run(args, lambda line: print(line, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
