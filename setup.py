@@ -54,6 +54,19 @@ def _log(msg: str) -> None:
 class BuildNative(build_ext):
     """build_ext that tolerates a missing compiler (auto) and also builds the CUDA library."""
 
+    def initialize_options(self) -> None:
+        super().initialize_options()
+        self.failed: set[str] = set()
+
+    def copy_extensions_to_source(self) -> None:
+        # an in-place (editable) build must not try to copy what was skipped
+        kept = self.extensions
+        self.extensions = [e for e in kept if e.name not in self.failed]
+        try:
+            super().copy_extensions_to_source()
+        finally:
+            self.extensions = kept
+
     def run(self) -> None:
         try:
             super().run()
@@ -69,6 +82,7 @@ class BuildNative(build_ext):
         except Exception as exc:
             if MODE == "yes":
                 raise
+            self.failed.add(ext.name)
             _log(f"C extension {ext.name} skipped ({exc}); the NumPy backend will be used")
 
     def _build_cuda(self) -> None:

@@ -134,6 +134,18 @@ struct job {
 
 typedef void (*phase_fn)(job_t *, int);
 
+#ifdef SBV_TIMING /* developer aid: per-phase wall times on stderr */
+#include <time.h>
+static double sbv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+#define SBV_TICK(label) do { double t_ = sbv_now(); fprintf(stderr, "%s %.2fms ", label, (t_ - sbv_t0) * 1e3); sbv_t0 = t_; } while (0)
+#else
+#define SBV_TICK(label) do { } while (0)
+#endif
+
 typedef struct {
     job_t *job;
     int t;
@@ -440,7 +452,11 @@ static int downsample(job_t *job, double voxel_size, int threads, size_t cap, si
     job->nt = nt;
     for (int t = 0; t <= nt; t++) job->chunk[t] = n * (size_t)t / (size_t)nt;
 
+#ifdef SBV_TIMING
+    double sbv_t0 = sbv_now();
+#endif
     run_phase(job, phase_bounds);
+    SBV_TICK("bounds");
     size_t nf = 0;
     double lo[3] = {INFINITY, INFINITY, INFINITY}, hi[3] = {-INFINITY, -INFINITY, -INFINITY};
     for (int t = 0; t < nt; t++) {
@@ -496,6 +512,7 @@ static int downsample(job_t *job, double voxel_size, int threads, size_t cap, si
     job->bucket_at = job->hist + (size_t)nt * job->nbuckets;
 
     run_phase(job, phase_pack);
+    SBV_TICK("pack");
     /* bucket-major, thread-minor offsets keep the scatter stable */
     size_t sum = 0;
     for (size_t b = 0; b < job->nbuckets; b++) {
@@ -509,6 +526,7 @@ static int downsample(job_t *job, double voxel_size, int threads, size_t cap, si
     }
     job->bucket_at[job->nbuckets] = sum;
     run_phase(job, phase_scatter);
+    SBV_TICK("scatter");
     /* contiguous bucket runs of about nf / nt items per thread */
     job->bucket_range[0] = 0;
     size_t b = 0;
@@ -519,12 +537,17 @@ static int downsample(job_t *job, double voxel_size, int threads, size_t cap, si
     }
     job->bucket_range[nt] = job->nbuckets;
     run_phase(job, phase_sort);
+    SBV_TICK("sort");
     size_t m = 0;
     for (int t = 0; t < nt; t++) {
         job->out_base[t] = m;
         m += job->voxels[t];
     }
     run_phase(job, phase_reduce);
+    SBV_TICK("reduce");
+#ifdef SBV_TIMING
+    fprintf(stderr, "\n");
+#endif
     scratch_done(mem, cached);
     *out_points = m;
     return SBV_OK;
