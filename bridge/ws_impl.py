@@ -39,16 +39,13 @@ def close_code(error: ProtocolError) -> int:
 class WsTransport:
     name = "ws"
 
-    def __init__(self, ws: ServerConnection, hub: Hub) -> None:
+    def __init__(self, ws: ServerConnection) -> None:
         self.ws = ws
-        self.hub = hub
 
     async def recv(self) -> bytes | None:
         try:
             data = await self.ws.recv()
-        except ConnectionClosed as exc:
-            if exc.sent is not None and exc.sent.code == CloseCode.MESSAGE_TOO_BIG:
-                self.hub.metrics.rejected.labels("ws", FrameTooLarge.reason).inc()
+        except ConnectionClosed:
             return None
         if isinstance(data, str):
             raise MalformedMessage("text messages are not accepted; send binary protobuf")
@@ -86,7 +83,7 @@ async def start_ws_server(hub: Hub, host: str, port: int) -> Server:
         sock = ws.transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport = WsTransport(ws, hub)
+        transport = WsTransport(ws)
         token = _bearer(ws.request.headers) if ws.request is not None else ""
         conn = EdgeConnection(hub, transport, header_token=token)
         try:
@@ -94,6 +91,12 @@ async def start_ws_server(hub: Hub, host: str, port: int) -> Server:
         except MalformedMessage as exc:  # a text frame: refuse like any malformed message
             hub.metrics.rejected.labels("ws", exc.reason).inc()
             await transport.reject(exc)
+        finally:
+            # websockets enforces max_size itself (closing with 1009): count it here, whichever
+            # of our reads or writes noticed the closed connection first.
+            sent = ws.protocol.close_sent
+            if sent is not None and sent.code == CloseCode.MESSAGE_TOO_BIG:
+                hub.metrics.rejected.labels("ws", FrameTooLarge.reason).inc()
 
     return await serve(
         handler,

@@ -124,6 +124,12 @@ class RawGrpcEdge:
         return None if msg is grpc.aio.EOF else msg
 
     async def status(self) -> grpc.StatusCode:
+        """Read whatever the bridge still sends, then the call's final status."""
+        try:
+            while await asyncio.wait_for(self.call.read(), 5.0) is not grpc.aio.EOF:
+                pass
+        except grpc.aio.AioRpcError:
+            pass
         return await asyncio.wait_for(self.call.code(), 5.0)
 
     async def close(self) -> None:

@@ -1,0 +1,42 @@
+"""The operations endpoint over real HTTP: metrics, liveness, readiness, resource debug."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from tests.integration.harness import running_bridge
+
+
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    head, _, body = raw.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def test_metrics_health_ready_and_debug() -> None:
+    async with running_bridge() as bridge:
+        assert bridge.ports is not None
+        port = bridge.ports.http
+        status, body = await http_get(port, "/metrics")
+        assert status == 200
+        assert bridge.decimator is not None
+        assert f'bridge_decimate_backend{{backend="{bridge.decimator.name}"}} 1.0' in body
+        for name in (
+            "bridge_frames_accepted_total",
+            "bridge_ring_capacity_bytes",
+            "bridge_decimation_seconds",
+            "bridge_ready 1.0",
+        ):
+            assert name in body, name
+        assert (await http_get(port, "/healthz"))[0] == 200
+        assert (await http_get(port, "/readyz"))[0] == 200
+        status, body = await http_get(port, "/debug/resources")
+        assert status == 200 and json.loads(body)["workers"] == 2
+        assert (await http_get(port, "/nope"))[0] == 404
+        bridge.ready = False
+        assert (await http_get(port, "/readyz"))[0] == 503
