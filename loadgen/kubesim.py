@@ -447,11 +447,11 @@ class KubeSim:
             q.put_nowait(None)
         if self._server is not None:
             self._server.close()
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        pending = set(self._tasks)
+        while pending:
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.5)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1)
@@ -629,7 +629,8 @@ class KubeSim:
     async def _kubelet_loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.sync_interval)
+                async with asyncio.timeout(self.sync_interval):
+                    await self._kick.wait()
             self._kick.clear()
             async with self._lock:
                 self.sync()
@@ -1020,7 +1021,8 @@ class KubeSim:
                 if remaining <= 0:
                     break
                 try:
-                    event = await asyncio.wait_for(queue.get(), remaining)
+                    async with asyncio.timeout(remaining):
+                        event = await queue.get()
                 except TimeoutError:
                     break
                 if event is None:

@@ -115,6 +115,8 @@ class Adapter:
         self.settings = settings or AdapterSettings()
         self.metrics = ResourceMetrics(registry)
         self._cgroup_reader = cgroup
+        # usage/PSI/events refresh about once a second; limits on every poll
+        cgroup.detail_every = max(1, round(1.0 / self.settings.poll_interval))
         self._kube = kube
         self._pod_ref = pod_ref
         self._gpu_probe = gpu
@@ -189,9 +191,11 @@ class Adapter:
             self._tasks.append(asyncio.create_task(self._pod_source.run(), name="resources-pod"))
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        pending = set(self._tasks)
+        while pending:  # re-cancel: a cancellation can be swallowed by a racing wait_for (3.11)
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.5)
         self._tasks.clear()
         if self._event_tasks:
             await asyncio.gather(*self._event_tasks, return_exceptions=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from bridge.resources import cgroup_parse as cp
 from bridge.resources.snapshot import CgroupReading, Sourced
@@ -66,6 +66,9 @@ class CgroupReader:
         self.location = location
         self.files = dict(files)
         self._static_problems = problems
+        self.detail_every = 1
+        self._reads = 0
+        self._detail: tuple[dict[str, Any], tuple[str, ...]] | None = None
 
     # ------------------------------------------------------------------ construction
 
@@ -102,57 +105,63 @@ class CgroupReader:
     # ------------------------------------------------------------------ reading
 
     def read(self) -> CgroupReading:
+        """Limits are read on every call; usage, events and PSI (which never move the plan) on
+        every ``detail_every``-th call and reused in between, to keep the 50 ms poll cheap."""
+        if self.version not in ("v1", "v2"):
+            return CgroupReading("none", self.location, problems=self._static_problems)
         problems = list(self._static_problems)
+        limits = self._read_limits(problems)
+        if self._detail is None or self._reads % self.detail_every == 0:
+            detail_problems: list[str] = []
+            self._detail = (self._read_detail(detail_problems), tuple(detail_problems))
+        self._reads += 1
+        detail, detail_problems_t = self._detail
+        return CgroupReading(
+            version=self.version,
+            location=self.location,
+            **limits,
+            **detail,
+            problems=tuple(problems) + detail_problems_t,
+        )
 
-        def get(
-            name: str, parse: Callable[[str], T], problems: list[str] = problems
-        ) -> Sourced[T] | None:
-            path = self.files.get(name)
-            if path is None:
-                return None
-            try:
-                text = _read(path)
-                if text is None:
-                    return None
-                return Sourced(parse(text), path)
-            except cp.CgroupParseError as e:
-                problems.append(f"{path}: {e}")
-            except OSError as e:
-                problems.append(f"{path}: {e.strerror or e}")
+    def _get(self, name: str, parse: Callable[[str], T], problems: list[str]) -> Sourced[T] | None:
+        path = self.files.get(name)
+        if path is None:
             return None
+        try:
+            text = _read(path)
+            if text is None:
+                return None
+            return Sourced(parse(text), path)
+        except cp.CgroupParseError as e:
+            problems.append(f"{path}: {e}")
+        except OSError as e:
+            problems.append(f"{path}: {e.strerror or e}")
+        return None
 
-        if self.version == "v2":
-            return CgroupReading(
-                version="v2",
-                location=self.location,
-                cpu_max=get("cpu.max", cp.parse_cpu_max),
-                cpu_weight=get("cpu.weight", cp.parse_cpu_weight),
-                memory_max=get("memory.max", cp.parse_bytes_or_max),
-                memory_high=get("memory.high", lambda t: cp.parse_bytes_or_max(t, "memory.high")),
-                memory_current=get("memory.current", lambda t: cp.parse_uint(t, "memory.current")),
-                memory_events=get("memory.events", cp.parse_flat_keyed),
-                cpu_pressure=get("cpu.pressure", cp.parse_psi),
-                memory_pressure=get(
-                    "memory.pressure", lambda t: cp.parse_psi(t, "memory.pressure")
-                ),
-                problems=tuple(problems),
-            )
+    def _read_limits(self, problems: list[str]) -> dict[str, Any]:
         if self.version == "v1":
-            return CgroupReading(
-                version="v1",
-                location=self.location,
-                cpu_max=self._v1_cpu(problems),
-                memory_max=get("memory.limit_in_bytes", cp.parse_v1_bytes),
-                memory_current=get(
-                    "memory.usage_in_bytes", lambda t: cp.parse_uint(t, "memory.usage_in_bytes")
-                ),
-                cpu_pressure=get("cpu.pressure", cp.parse_psi),
-                memory_pressure=get(
-                    "memory.pressure", lambda t: cp.parse_psi(t, "memory.pressure")
-                ),
-                problems=tuple(problems),
-            )
-        return CgroupReading(version="none", location=self.location, problems=tuple(problems))
+            return {
+                "cpu_max": self._v1_cpu(problems),
+                "memory_max": self._get("memory.limit_in_bytes", cp.parse_v1_bytes, problems),
+            }
+        return {
+            "cpu_max": self._get("cpu.max", cp.parse_cpu_max, problems),
+            "cpu_weight": self._get("cpu.weight", cp.parse_cpu_weight, problems),
+            "memory_max": self._get("memory.max", cp.parse_bytes_or_max, problems),
+            "memory_high": self._get("memory.high", _parse_high, problems),
+        }
+
+    def _read_detail(self, problems: list[str]) -> dict[str, Any]:
+        usage = "memory.usage_in_bytes" if self.version == "v1" else "memory.current"
+        out: dict[str, Any] = {
+            "memory_current": self._get(usage, lambda t: cp.parse_uint(t, usage), problems),
+            "cpu_pressure": self._get("cpu.pressure", cp.parse_psi, problems),
+            "memory_pressure": self._get("memory.pressure", _parse_memory_psi, problems),
+        }
+        if self.version == "v2":
+            out["memory_events"] = self._get("memory.events", cp.parse_flat_keyed, problems)
+        return out
 
     def _v1_cpu(self, problems: list[str]) -> Sourced[cp.CpuMax] | None:
         qpath, ppath = self.files.get("cpu.cfs_quota_us"), self.files.get("cpu.cfs_period_us")
@@ -168,6 +177,14 @@ class CgroupReader:
         except OSError as e:
             problems.append(f"{qpath}: {e.strerror or e}")
         return None
+
+
+def _parse_high(text: str) -> int | None:
+    return cp.parse_bytes_or_max(text, "memory.high")
+
+
+def _parse_memory_psi(text: str) -> cp.Psi:
+    return cp.parse_psi(text, "memory.pressure")
 
 
 def _reroot(fs_root: str, path: str | None) -> str | None:

@@ -37,7 +37,8 @@ async def _fetch_pod(
     info: dict[str, Any] = {"configured": True, "api": config.base_url, "pod": "/".join(ref)}
     source = PodSource(KubeClient(config, timeout=wait_s), ref[0], ref[1], lambda u: None)
     try:
-        update = await asyncio.wait_for(source.fetch_once(), wait_s)
+        async with asyncio.timeout(wait_s):
+            update = await source.fetch_once()
     except (KubeError, TimeoutError, ValueError) as e:
         info["error"] = str(e) or repr(e)
         return None, info

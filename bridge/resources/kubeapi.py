@@ -142,15 +142,13 @@ class KubeClient:
     async def _open(
         self, method: str, path: str, body: bytes | None, content_type: str
     ) -> _Response:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
+        async with asyncio.timeout(self.timeout):
+            reader, writer = await asyncio.open_connection(
                 self._host,
                 self._port,
                 ssl=self._ssl,
                 server_hostname=self._host if self._ssl else None,
-            ),
-            self.timeout,
-        )
+            )
         try:
             lines = [
                 f"{method} {self._prefix}{path} HTTP/1.1",
@@ -166,17 +164,18 @@ class KubeClient:
                 lines += [f"Content-Type: {content_type}", f"Content-Length: {len(body)}"]
             writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
             await writer.drain()
-            status_line = await asyncio.wait_for(reader.readline(), self.timeout)
-            parts = status_line.decode("latin-1").split(" ", 2)
-            if len(parts) < 2 or not parts[0].startswith("HTTP/"):
-                raise KubeError(0, f"bad status line {status_line!r}")
             headers: dict[str, str] = {}
-            while True:
-                line = await asyncio.wait_for(reader.readline(), self.timeout)
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                k, _, v = line.decode("latin-1").partition(":")
-                headers[k.strip().lower()] = v.strip()
+            async with asyncio.timeout(self.timeout):
+                status_line = await reader.readline()
+                parts = status_line.decode("latin-1").split(" ", 2)
+                if len(parts) < 2 or not parts[0].startswith("HTTP/"):
+                    raise KubeError(0, f"bad status line {status_line!r}")
+                while True:
+                    line = await reader.readline()
+                    if line in (b"\r\n", b"\n", b""):
+                        break
+                    k, _, v = line.decode("latin-1").partition(":")
+                    headers[k.strip().lower()] = v.strip()
             reason = parts[2].strip() if len(parts) > 2 else ""
             return _Response(int(parts[1]), reason, headers, reader, writer)
         except BaseException:
@@ -196,7 +195,8 @@ class KubeClient:
         try:
             resp = await self._open(method, path, body, content_type)
             try:
-                raw = await asyncio.wait_for(resp.body(), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    raw = await resp.body()
             finally:
                 resp.close()
         except (OSError, asyncio.IncompleteReadError, TimeoutError) as e:
@@ -231,7 +231,8 @@ class KubeClient:
             raise KubeError(0, f"watch {path}: {e!r}") from e
         try:
             if resp.status >= 400:
-                raw = await asyncio.wait_for(resp.body(), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    raw = await resp.body()
                 raise KubeError(resp.status, raw[:200].decode("utf-8", "replace"))
             buf = b""
             async for chunk in resp.chunks():

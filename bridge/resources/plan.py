@@ -8,8 +8,8 @@
 The effective memory limit is the smallest of: the cgroup's ``memory.max`` (v1
 ``memory.limit_in_bytes``), ``memory.high`` (above it the kernel throttles by reclaim), and — the
 cooperative downscale — the Pod's *desired* memory limit when it is below the actual one (the
-kubelet will not apply a decrease below usage; planning for it first lets its check pass).
-When no cgroup value is visible the Pod's actual limits stand in.
+kubelet will not apply a decrease below usage; planning for it first lets its check pass),
+and the Pod's actual (enacted) limit, which stands in when no cgroup value is visible.
 
 Every value carries a reason naming where its inputs came from, for logs and ``/debug/resources``.
 """
@@ -136,15 +136,17 @@ def effective_memory_limit(snap: Snapshot, s: PlanSettings) -> tuple[int | None,
             candidates.append(
                 (target.limit_bytes, f"cooperative downscale: {target.source}, resize {state}")
             )
-        if cg.memory_max is None:  # no cgroup view: the Pod's actual limit stands in
-            c = snap.pod.container(s.container)
-            if c is not None and c.actual is not None and c.actual.memory_limit is not None:
-                candidates.append(
-                    (
-                        c.actual.memory_limit,
-                        f"pod status.containerStatuses[{c.name}].resources.limits.memory",
-                    )
+        # The enacted limit as the Pod reports it. Usually equal to the cgroup's; it also
+        # stands in when no cgroup is visible, and it closes the window in which the watch
+        # reports a completed decrease before the next cgroup poll has seen the file change.
+        c = snap.pod.container(s.container)
+        if c is not None and c.actual is not None and c.actual.memory_limit is not None:
+            candidates.append(
+                (
+                    c.actual.memory_limit,
+                    f"pod status.containerStatuses[{c.name}].resources.limits.memory",
                 )
+            )
     if not candidates:
         if cg.memory_max is not None:
             return None, f"no limit in {cg.memory_max.source}"

@@ -330,8 +330,16 @@ async def test_cooperative_downscale_plans_before_the_kubelet_applies(
     sim.cgroup.set_memory_usage(5 * GiB)
     await eventually(lambda: (root / "memory.max").read_text().strip() == str(6 * GiB))
     await eventually(lambda: adapter.describe()["pending_resize"] is None)
+    await eventually(
+        lambda: (
+            sample(registry, "bridge_resize_events_total", resource="memory", direction="down") == 1
+        )
+    )
     assert target.ring == (small, MiB)  # nothing more to do: already planned for 6 GiB
-    assert sample(registry, "bridge_resize_events_total", resource="memory", direction="down") == 1
+    assert [v for kind, v, _ in target.calls if kind == "ring"][-2:] == [
+        (12 * GiB - 64 * MiB) // 2,
+        small,
+    ]  # and it never bounced back up while the kubelet caught up
 
 
 async def test_deferred_pending_too_long_raises_event_and_gauge(

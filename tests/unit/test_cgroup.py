@@ -334,3 +334,20 @@ async def test_poller_run_detects_a_live_change_and_survives_callback_errors(
 def test_poller_rejects_bad_interval() -> None:
     with pytest.raises(ValueError):
         Poller(lambda: CgroupReading("none", ""), lambda r, t: None, interval=0)
+
+
+def test_detail_files_are_refreshed_every_nth_read_limits_always(tmp_path: Path) -> None:
+    (tmp_path / "memory.max").write_text("1000\n")
+    (tmp_path / "memory.current").write_text("10\n")
+    reader = CgroupReader.v2(str(tmp_path))
+    reader.detail_every = 3
+    first = reader.read()
+    assert first.memory_current is not None and first.memory_current.value == 10
+    (tmp_path / "memory.current").write_text("20\n")
+    (tmp_path / "memory.max").write_text("2000\n")
+    second = reader.read()
+    assert second.memory_limit_bytes == 2000  # limits: every read
+    assert second.memory_current is not None and second.memory_current.value == 10  # cached
+    reader.read()
+    fourth = reader.read()
+    assert fourth.memory_current is not None and fourth.memory_current.value == 20

@@ -173,6 +173,8 @@ def test_memory_high_can_be_ignored() -> None:
         ("pod-resize-done.json", 12 * GiB, 12 * GiB, "memory.max"),
         # the cgroup is already lower than anything the pod says
         ("pod-resize-mem-decrease-blocked.json", 4 * GiB, 4 * GiB, "memory.max"),
+        # the watch reported the enacted 8 GiB before the next cgroup poll saw the file change
+        ("pod-running-initial.json", 12 * GiB, 8 * GiB, "status.containerStatuses[bridge]"),
     ],
 )
 def test_cooperative_downscale(fixture: str, cgroup_mem: int, effective: int, why: str) -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks for humans (``make bench-*``); not run by the test suite."""
