@@ -405,11 +405,13 @@ class KubeSim:
         self.node = node or NodeModel(name=self.pod.get("spec", {}).get("nodeName", "gpu-node-a"))
         self.cgroup = CgroupDir(cgroup_dir) if cgroup_dir else None
         containers = self.pod.get("spec", {}).get("containers", [])
-        self.container = container or (containers[0]["name"] if containers else "")
+        names = [c["name"] for c in containers]
+        self.container = container or ("bridge" if "bridge" in names else (names or [""])[0])
         self.sync_interval = sync_interval
         self.actuation_delay = actuation_delay
         self.claims_block_resize = claims_block_resize
         self.requests_seen: list[tuple[str, str]] = []
+        self.last_authorization: str | None = None
         self._rv = (
             int(self.pod["metadata"]["resourceVersion"])
             if str(self.pod["metadata"]["resourceVersion"]).isdigit()
@@ -580,6 +582,11 @@ class KubeSim:
         if not changed:
             raise KeyError(resource_id)
         self._touch()
+
+    def end_watches(self) -> None:
+        """End every open watch stream, as an API server restart or watch timeout does."""
+        for q in self._watchers:
+            q.put_nowait(None)
 
     def kick(self) -> None:
         """Run a kubelet sync now."""
@@ -847,6 +854,7 @@ class KubeSim:
                 url = urllib.parse.urlsplit(target)
                 query = dict(urllib.parse.parse_qsl(url.query))
                 self.requests_seen.append((method, target))
+                self.last_authorization = headers.get("authorization")
                 if method == "GET" and query.get("watch") in ("true", "1"):
                     await self._watch(writer, url.path, query)
                     return

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import datetime as _dt
 import logging
 import os
@@ -40,6 +41,7 @@ from bridge.resources.quantity import format_bytes
 from bridge.resources.snapshot import CgroupReading, GpuReading, Snapshot, Sourced, Workload
 
 log = logging.getLogger(__name__)
+ENV_CONTAINER = "BRIDGE_CONTAINER_NAME"
 
 
 class AdaptTarget(Protocol):
@@ -157,8 +159,13 @@ class Adapter:
     ) -> Adapter:
         """Real sources: ``BRIDGE_CGROUP_ROOT`` or the own cgroup; the own Pod when
         ``BRIDGE_POD_NAME``/``BRIDGE_POD_NAMESPACE`` and an API (``BRIDGE_KUBE_API`` or the
-        service account) exist; NVML when ``nvidia-ml-py`` is installed."""
+        service account) exist; NVML when ``nvidia-ml-py`` is installed. ``BRIDGE_CONTAINER_NAME``
+        names the bridge's container in the Pod (default: ``bridge``, else the first)."""
         env = os.environ if env is None else env
+        settings = settings or AdapterSettings()
+        if settings.plan.container is None and env.get(ENV_CONTAINER):
+            plan = dataclasses.replace(settings.plan, container=env[ENV_CONTAINER])
+            settings = dataclasses.replace(settings, plan=plan)
         config = KubeConfig.from_env(env)
         pod_ref = own_pod_from_env(env)
         kube = KubeClient(config) if config is not None and pod_ref is not None else None

@@ -19,6 +19,7 @@ from typing import Any
 from bridge.resources.quantity import QuantityError, to_bytes, to_millicores
 
 JSON = Mapping[str, Any]
+DEFAULT_CONTAINER = "bridge"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +133,11 @@ class PodView:
     problems: tuple[str, ...] = ()
 
     def container(self, name: str | None = None) -> ContainerView | None:
-        """The named container, or the only/first one when ``name`` is None."""
+        """The named container; with ``name`` None the one called ``bridge`` (the chart's
+        name for it) if there is one, else the first."""
         if name is None:
-            return self.containers[0] if self.containers else None
+            named = next((c for c in self.containers if c.name == DEFAULT_CONTAINER), None)
+            return named or (self.containers[0] if self.containers else None)
         return next((c for c in self.containers if c.name == name), None)
 
     @property

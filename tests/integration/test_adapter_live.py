@@ -472,3 +472,37 @@ async def test_cli_prints_values_and_sources(stack: Callable[..., Any], tmp_path
             text = out.decode()
             assert "cpu.max: " in text and "<- " + str(tmp_path / "cg-sim" / "cpu.max") in text
             assert f"workers: {min(4, len(os.sched_getaffinity(0)))}" in text
+
+
+async def test_pod_watch_reconnects_after_the_server_ends_it(stack: Callable[..., Any]) -> None:
+    sim, adapter, target, _, client = await stack("pod-running-initial.json")
+    await eventually(lambda: adapter.describe()["pod"] is not None)
+    gets_before = sum(1 for m, t in sim.requests_seen if m == "GET" and t.endswith("sim-bridge-0"))
+    sim.end_watches()  # e.g. an API server restart
+    await eventually(
+        lambda: (
+            sum(1 for m, t in sim.requests_seen if m == "GET" and t.endswith("sim-bridge-0"))
+            > gets_before
+        )
+    )
+    await client.patch(RESIZE, load("resize-patch-body.json"))
+    await eventually(lambda: (adapter.describe()["pod"] or {}).get("generation") == 2)
+    await eventually(lambda: target.workers == 4)
+
+
+async def test_container_name_from_env(cg: Path) -> None:
+    pod = load("pod-level-resize-inprogress-v1.36.json")
+    sim = KubeSim(pod, cgroup_dir=None)
+    await sim.start()
+    try:
+        env = {
+            "BRIDGE_CGROUP_ROOT": str(cg),
+            "BRIDGE_KUBE_API": sim.url,
+            "BRIDGE_POD_NAME": "sim-bridge-pl-0",
+            "BRIDGE_POD_NAMESPACE": "sim",
+            "BRIDGE_CONTAINER_NAME": "telemetry",
+        }
+        adapter = Adapter.from_env(FakeTarget(), CollectorRegistry(), env=env, gpu=GpuProbe(None))
+        assert adapter.settings.plan.container == "telemetry"
+    finally:
+        await sim.stop()

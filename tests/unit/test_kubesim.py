@@ -389,3 +389,44 @@ async def test_kubectl_patch_resize(sim_factory: Any, tmp_path: Path) -> None:
     )
     assert rc != 0
     assert 'The Pod "sim-bridge-0" is invalid' in out and "QOS Class may not change" in out
+
+
+async def test_v1_cgroup_layout(tmp_path: Path) -> None:
+    root = tmp_path / "v1"
+    (root / "cpu").mkdir(parents=True)
+    (root / "memory").mkdir()
+    sim = KubeSim(load("pod-running-initial.json"), cgroup_dir=str(root), sync_interval=0.02)
+    async with sim:
+        assert read(root / "cpu" / "cpu.cfs_quota_us") == "200000"
+        assert read(root / "cpu" / "cpu.shares") == "2048"
+        assert read(root / "memory" / "memory.limit_in_bytes") == str(8 * GiB)
+        client = KubeClient(KubeConfig(sim.url))
+        await client.patch(RESIZE, load("resize-patch-body.json"))
+        await eventually(lambda: read(root / "cpu" / "cpu.cfs_quota_us") == "400000")
+        assert read(root / "memory" / "memory.limit_in_bytes") == str(12 * GiB)
+
+
+async def test_token_file_is_sent_and_reread(sim_factory: Any, tmp_path: Path) -> None:
+    sim, _ = await sim_factory()
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    client = KubeClient(KubeConfig(sim.url, token_file=str(token)))
+    await client.get(pod_path("sim", "sim-bridge-0"))
+    assert sim.last_authorization == "Bearer first"
+    token.write_text("rotated\n")  # projected service-account tokens rotate
+    await client.get(pod_path("sim", "sim-bridge-0"))
+    assert sim.last_authorization == "Bearer rotated"
+
+
+def test_kube_config_from_env(tmp_path: Path) -> None:
+    assert KubeConfig.from_env({}, sa_dir=str(tmp_path)) is None
+    explicit = KubeConfig.from_env({"BRIDGE_KUBE_API": "http://127.0.0.1:1/"})
+    assert explicit == KubeConfig("http://127.0.0.1:1")
+    (tmp_path / "token").write_text("t")
+    (tmp_path / "ca.crt").write_text("")
+    env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"}
+    cfg = KubeConfig.from_env(env, sa_dir=str(tmp_path))
+    assert cfg is not None and cfg.base_url == "https://[fd00::1]:6443"
+    assert cfg.token_file == str(tmp_path / "token") and cfg.ca_file == str(tmp_path / "ca.crt")
+    with pytest.raises(ValueError):
+        KubeClient(KubeConfig("ftp://x"))

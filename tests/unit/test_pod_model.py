@@ -304,3 +304,15 @@ def test_consumable_capacity_claim_and_unallocated_claim() -> None:
     assert ref.resource_id == "dra.example.com/pool/gpu-0"
     pending = parse_claim({"metadata": {"name": "x"}, "status": {}})
     assert not pending.allocated and pending.results == ()
+
+
+def test_default_container_is_bridge_else_first() -> None:
+    obj = load("pod-level-resize-inprogress-v1.36.json")
+    obj["spec"]["containers"].reverse()  # telemetry first
+    pod = parse_pod(obj)
+    c = pod.container()
+    assert c is not None and c.name == "bridge"
+    for spec in obj["spec"]["containers"]:
+        spec["name"] = "x-" + spec["name"]
+    first = parse_pod(obj).container()
+    assert first is not None and first.name == "x-telemetry"
