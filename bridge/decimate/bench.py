@@ -292,12 +292,14 @@ def bench_case(case: Case, runners: dict[str, Runner], repeats: int, budget_s: f
     return rows
 
 
-def gil_figure(name: str, run: Runner, repeats: int) -> GilRow:
-    """Two long-lived Python threads calling ``run`` at once vs one: throughput ratio.
+def gil_figure(name: str, run: Runner, points: int, rounds: int) -> GilRow:
+    """Two long-lived Python threads calling ``run`` at once vs one thread: throughput ratio.
 
-    Long-lived like a worker pool's threads (per-thread scratch stays warm).
+    Long-lived like a worker pool's threads (per-thread scratch stays warm). Each round
+    times one call alone, then a pair of concurrent calls, and the median of the per-round
+    ratios is reported, so load from other processes drifting during the run cancels out.
     """
-    rounds = max(3, repeats)
+    rounds = max(3, rounds)
     start_gate = threading.Barrier(3)
     end_gate = threading.Barrier(3)
 
@@ -310,19 +312,27 @@ def gil_figure(name: str, run: Runner, repeats: int) -> GilRow:
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(2)]
     for t in threads:
         t.start()
-    pairs: list[float] = []
+    ones: list[float] = []
+    twos: list[float] = []
     for i in range(rounds + 1):
+        start = time.perf_counter()
+        run()
+        one = time.perf_counter() - start
         start_gate.wait()
         start = time.perf_counter()
         end_gate.wait()
         if i:
-            pairs.append(time.perf_counter() - start)
+            ones.append(one)
+            twos.append(time.perf_counter() - start)
     for t in threads:
         t.join()
-    run()
-    one = statistics.median(time_runs(run, rounds, 2.0))
-    two = statistics.median(pairs)
-    return GilRow(name, 1 / one, 2 / two, (2 / two) / (1 / one))
+    ratio = statistics.median(2 * a / b for a, b in zip(ones, twos, strict=True))
+    return GilRow(
+        name,
+        points / statistics.median(ones) / 1e6,
+        2 * points / statistics.median(twos) / 1e6,
+        ratio,
+    )
 
 
 # ---- CLI ----
@@ -360,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--real-voxel", type=float, default=0.02, help="voxel for real frames")
     p.add_argument("--no-real", action="store_true", help="skip the real frames")
+    p.add_argument("--no-gil", action="store_true", help="skip the two-thread GIL figure")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per method (median)")
     p.add_argument("--threads", type=int, help="C threads for the 'c xN' row (default: CPUs)")
     p.add_argument("--seed", type=int, default=0)
@@ -415,14 +426,24 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
             "c_threads": cpus,
             "backends": available_backends(),
             "machine": platform.machine(),
+            "load_avg_1m": _load_avg(),
         }
     )
     emit(_header(report.env))
+    load = report.env["load_avg_1m"]
+    if load is not None and load > 0.3:
+        emit(
+            f"note: load average {load:.2f} before starting: other processes share these CPUs, "
+            "so figures (two-thread ones most) are noisy\n"
+        )
     emit(f"{'case':<30} {'method':<11} {'Mpts/s':>8} {'out pts':>9} {'peak MB':>8} {'x o3d':>7}")
     budget = 1.0 if args.quick else 3.0
     repeats = min(args.repeats, 3) if args.quick else args.repeats
     gil_case: Case | None = None
-    for case in plan_cases(args):
+    for case in plan_cases(args):  # lazily: 10M-point inputs are not all held at once
+        # GIL figure on the biggest lidar-like case, preferably at voxel 0.2 (DESIGN.md anchor)
+        if gil_case is None or _gil_rank(case) > _gil_rank(gil_case):
+            gil_case = case
         runners = methods_for(case, wanted, cpus)
         rows = bench_case(case, runners, repeats, budget)
         report.rows += rows
@@ -431,27 +452,36 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
         counts = {r.out_points for r in rows if r.method != "o3d legacy"}
         if len(counts) > 1:
             emit(f"{'':<30} WARNING: output counts differ: {sorted(counts)}")
-        if case.shape == "lidar" and case.points == 1_000_000 and case.voxel == 0.2:
-            gil_case = case
-    if gil_case is None:
-        gil_case = synthetic_case("lidar", 1_000_000, 0.2, args.seed)
     emit(
         "(o3d legacy anchors its grid at min bound - v/2, so its counts differ by design; "
         "every other method must agree)"
     )
+    if args.no_gil or gil_case is None:
+        return report
     emit(f"\nGIL: two threads decimating at once vs one ({gil_case.name}; ~2x = parallel)")
     runners = methods_for(gil_case, wanted, cpus)
     for name, fn in runners.items():
         if name.startswith("c x") and name != "c x1":
             continue  # already uses every core per call
-        row = gil_figure(name, fn, repeats)
+        row = gil_figure(name, fn, gil_case.points, max(5, repeats))
         report.gil.append(row)
         emit(
-            f"  {name:<11} 1 thread {row.one_thread_mpts * gil_case.points / 1e6:7.1f} Mpts/s"
-            f"   2 threads {row.two_threads_mpts * gil_case.points / 1e6:7.1f} Mpts/s"
+            f"  {name:<11} 1 thread {row.one_thread_mpts:7.1f} Mpts/s"
+            f"   2 threads {row.two_threads_mpts:7.1f} Mpts/s"
             f"   ratio {row.ratio:4.2f}"
         )
     return report
+
+
+def _gil_rank(case: Case) -> tuple[bool, bool, int]:
+    return (case.shape == "lidar", case.voxel == 0.2, case.points)
+
+
+def _load_avg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def _header(env: dict[str, Any]) -> str:
