@@ -31,11 +31,14 @@ What it models
     ``kubectl --server http://127.0.0.1:PORT get pod`` / ``patch pod … --subresource resize`` work.
 
 What it does not model
+  the kubelet's retry timers (Deferred is re-evaluated on every sync, not after 30 s / 3 min),
   authentication/RBAC, other resource kinds, creating/deleting pods, resourceVersion-exact watch
   replay (a watch from an old version gets the current object), ``$patch`` directives, scheduler
   preemption, restarts for ``RestartContainer`` policies, swap, static CPU/memory managers,
-  pod-level cgroups (only the chosen container's own cgroup is written; a container without a
-  limit gets the pod-level limit, as in KEP-2837), and real timing (defaults are fast for tests).
+  pod-level cgroups (only one container's own cgroup is written: ``container``, default the one
+  named ``bridge`` else the first; a container without a limit gets the pod-level limit, as in
+  KEP-2837), the old linear cpu.weight formula (the quadratic one of current runtimes is used),
+  and real timing (defaults are fast for tests). Authorization headers are recorded, not checked.
 
 Run standalone: ``python -m loadgen.kubesim --pod pod.json --cgroup-dir /tmp/cg`` (prints the URL).
 """

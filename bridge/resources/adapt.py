@@ -54,6 +54,10 @@ class AdaptTarget(Protocol):
     def memory_baseline_bytes(self) -> int: ...  # measured at startup
 
 
+# Optional, looked up with getattr so targets need not implement it:
+#     def set_gpu_batch_points(self, points: int) -> None: ...   # 0 = decimate on the CPU
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AdapterSettings:
     poll_interval: float = 0.05  # cgroup files (no change events exist for them)
@@ -335,11 +339,18 @@ class Adapter:
             if prev is None or plan.gpu_healthy != prev.gpu_healthy:
                 self.target.set_gpu_healthy(plan.gpu_healthy)
                 changes.append(f"gpu {'healthy' if plan.gpu_healthy else 'off (CPU)'}")
+            if prev is None or plan.gpu_batch_points != prev.gpu_batch_points:
+                # optional hook, not in AdaptTarget: a target without it keeps its own batch size
+                setter = getattr(self.target, "set_gpu_batch_points", None)
+                if callable(setter):
+                    setter(plan.gpu_batch_points)
+                before_b = prev.gpu_batch_points if prev else "-"
+                changes.append(f"gpu_batch_points {before_b}->{plan.gpu_batch_points}")
         except Exception:
             log.exception("applying the plan failed after %s", changes or "no change")
             return None
         if prev is not None:
-            for name in ("per_stream_bytes", "gpu_batch_points", "memory_limit_bytes"):
+            for name in ("per_stream_bytes", "memory_limit_bytes"):
                 if getattr(plan, name) != getattr(prev, name):
                     changes.append(f"{name} {getattr(prev, name)}->{getattr(plan, name)}")
         return changes

@@ -79,6 +79,9 @@ class FakeTarget:
         self.calls.append(("gpu", healthy, time.monotonic()))
         self.gpu_healthy = healthy
 
+    def set_gpu_batch_points(self, points: int) -> None:  # the optional hook
+        self.calls.append(("batch", points, time.monotonic()))
+
     def active_streams(self) -> int:
         return self.streams
 
@@ -394,6 +397,9 @@ async def test_gpu_health_from_kubelet_and_from_nvml(stack: Callable[..., Any]) 
     await eventually(lambda: target.gpu_healthy is True)
     flips = [v for kind, v, _ in target.calls if kind == "gpu"]
     assert flips == [True, False, True, False, True]
+    batches = [v for kind, v, _ in target.calls if kind == "batch"]
+    # 0.5 * 40448 MiB free / 32 B per point, capped at 16 Mi points; 0 while unhealthy
+    assert batches == [16_777_216, 0, 16_777_216, 0, 16_777_216]
 
 
 async def test_describe_names_every_source(stack: Callable[..., Any]) -> None:
