@@ -25,6 +25,7 @@ from bridge.resources.plan import PlanSettings
 from loadgen.kubesim import KubeSim, NodeModel
 
 K8S = Path(__file__).resolve().parent.parent / "fixtures" / "k8s"
+REPO = str(Path(__file__).resolve().parents[2])
 MiB = 1 << 20
 GiB = 1 << 30
 RESIZE = "/api/v1/namespaces/sim/pods/sim-bridge-0/resize"
@@ -512,3 +513,87 @@ async def test_container_name_from_env(cg: Path) -> None:
         assert adapter.settings.plan.container == "telemetry"
     finally:
         await sim.stop()
+
+
+# A child process that moves itself into the given v1 cpu cgroup, finds its own cgroup the real
+# way (/proc/self/cgroup + mountinfo) and prints one JSON line per applied re-plan.
+_CHILD = """
+import asyncio, json, sys
+from prometheus_client import CollectorRegistry
+from bridge.resources.adapt import Adapter, AdapterSettings
+from bridge.resources.cgroup import open_cgroup
+from bridge.resources.gpu import GpuProbe
+
+with open(sys.argv[1] + "/cgroup.procs", "w") as f:
+    f.write("0")  # "0" = the writing process
+
+class T:
+    def resize_workers(self, w): pass
+    def set_ring_budget(self, t, f): pass
+    def set_gpu_healthy(self, h): pass
+    def active_streams(self): return 1
+    def memory_baseline_bytes(self): return 0
+
+def report(change):
+    print(json.dumps({"cores": change.plan.cpu_limit_cores, "workers": change.plan.workers}),
+          flush=True)
+
+async def main():
+    adapter = Adapter(T(), CollectorRegistry(), cgroup=open_cgroup({}), gpu=GpuProbe(None),
+                      settings=AdapterSettings(poll_interval=0.01), on_applied=report)
+    print(json.dumps({"location": adapter.describe()["cgroup"]["location"]}), flush=True)
+    async with adapter:
+        await asyncio.sleep(30)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.cgroup
+async def test_real_v1_cpu_quota_change_is_seen(tmp_path: Path) -> None:
+    """DESIGN §7: on this kind of host the cpu controller is real and writable as root."""
+    base = Path("/sys/fs/cgroup/cpu")
+    if (
+        os.geteuid() != 0
+        or not (base / "cpu.cfs_quota_us").exists()
+        or not os.access(base, os.W_OK)
+    ):
+        pytest.skip("needs root and a writable cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
+    group = base / f"simbridge-test-{os.getpid()}"
+    group.mkdir()
+    proc = None
+    try:
+        (group / "cpu.cfs_quota_us").write_text("50000")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _CHILD,
+            str(group),
+            stdout=asyncio.subprocess.PIPE,
+            cwd=REPO,
+        )
+        stdout = proc.stdout
+        assert stdout is not None
+
+        async def line() -> dict[str, Any]:
+            async with asyncio.timeout(10):
+                data: dict[str, Any] = json.loads(await stdout.readline())
+                return data
+
+        assert f"cpu={group} " in (await line())["location"]  # found via /proc/self/cgroup
+        assert (await line()) == {"cores": 0.5, "workers": 1}
+        (group / "cpu.cfs_quota_us").write_text("150000")
+        assert (await line()) == {"cores": 1.5, "workers": min(2, len(os.sched_getaffinity(0)))}
+        (group / "cpu.cfs_quota_us").write_text("-1")
+        got = await line()
+        assert got["cores"] is None
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for _ in range(50):  # the kernel removes the task from the group shortly after exit
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
