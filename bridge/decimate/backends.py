@@ -65,7 +65,7 @@ def run_with_budget(
 
 
 class NumpyDecimator:
-    """The reference implementation (always available; holds the GIL while it runs NumPy)."""
+    """The reference implementation: always available; only parts of NumPy release the GIL."""
 
     name = "numpy"
 

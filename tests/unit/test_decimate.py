@@ -432,3 +432,34 @@ def test_downsample_arrays() -> None:
 def test_downsample_arrays_rejects(bad: object) -> None:
     with pytest.raises(ValueError, match="xyz"):
         downsample_arrays(bad, 1.0)  # type: ignore[arg-type]
+
+
+# ---- the C glue's own argument checks (the kernel validates what Python already did) ----
+
+
+@pytest.mark.parametrize(
+    ("stride", "fields", "threads", "match"),
+    [
+        (12, [(0, 7, 2), (4, 7, 3)], 1, "3..64 fields"),
+        (12, [(0, 7, 2), (4, 7, 3), (8, 7, 9)], 1, "unknown role"),
+        (12, [(0, 7, 2), (4, 7, 3), (8, 9, 4)], 1, "unknown type"),
+        (12, [(0, 7, 2), (2, 7, 3), (8, 7, 4)], 1, "overlap"),
+        (12, [(0, 7, 2), (4, 7, 2), (8, 7, 4)], 1, "once"),
+        (12, [(0, 7, 2), (4, 7, 3), (8, 5, 4)], 1, "float32 or float64"),
+        (12, [(0, 7, 2), (4, 7, 3), (10, 7, 4)], 1, "exceeds stride"),
+        (16, [(0, 7, 2), (4, 7, 3), (8, 7, 4), (12, 4, 1)], 1, "colour"),
+        (12, [(0, 7, 2), (4, 7, 3), (8, 7, 4)], 0, "threads"),
+        (0, [(0, 7, 2), (4, 7, 3), (8, 7, 4)], 1, "stride"),
+        (12, [(0, 7, 2), (4, 7, 3), [8, 7, 4]], 1, "tuple"),
+    ],
+)
+def test_native_rejects_bad_tables(
+    stride: int, fields: list[tuple[int, int, int]], threads: int, match: str
+) -> None:
+    if available_backends()["c"] is not None:
+        pytest.skip(f"c backend unavailable: {available_backends()['c']}")
+    from bridge.decimate import _native
+
+    data = np.zeros(4 * max(stride, 1), dtype=np.uint8).tobytes()
+    with pytest.raises(ValueError, match=match):
+        _native.downsample(data, stride, fields, 0.1, threads)
