@@ -125,31 +125,18 @@ def _rl(req: Any) -> JSON:
     return req if isinstance(req, dict) else {}
 
 
-def _q_cpu(v: Any) -> int:
-    return to_millicores(v)
+_CONVERT = {"cpu": to_millicores, "memory": to_bytes}
 
 
-def _q_mem(v: Any) -> int:
-    return to_bytes(v)
+def _numbers(rl: Any) -> dict[str, int]:
+    """The cpu (millicores) and memory (bytes) entries of a ResourceList."""
+    return {k: _CONVERT[k](v) for k, v in _rl(rl).items() if k in _CONVERT}
 
 
 def container_qos_parts(res: JSON) -> tuple[dict[str, int], dict[str, int]]:
     """requests and limits of cpu/memory as numbers; requests default to limits (API defaulting)."""
-    limits = {
-        k: conv(v)
-        for k, v in _rl(res.get("limits")).items()
-        for kk, conv in (("cpu", _q_cpu), ("memory", _q_mem))
-        if k == kk
-    }
-    requests = {
-        k: conv(v)
-        for k, v in _rl(res.get("requests")).items()
-        for kk, conv in (("cpu", _q_cpu), ("memory", _q_mem))
-        if k == kk
-    }
-    for k, v in limits.items():
-        requests.setdefault(k, v)
-    return requests, limits
+    limits = _numbers(res.get("limits"))
+    return {**limits, **_numbers(res.get("requests"))}, limits
 
 
 def qos_class(spec: JSON) -> str:
@@ -360,15 +347,9 @@ class _Want:
 
     @classmethod
     def of(cls, res: Any) -> _Want:
-        r, lim = _rl(_rl(res).get("requests")), _rl(_rl(res).get("limits"))
-        return cls(
-            _q_cpu(r["cpu"]) if "cpu" in r else (_q_cpu(lim["cpu"]) if "cpu" in lim else None),
-            _q_cpu(lim["cpu"]) if "cpu" in lim else None,
-            _q_mem(r["memory"])
-            if "memory" in r
-            else (_q_mem(lim["memory"]) if "memory" in lim else None),
-            _q_mem(lim["memory"]) if "memory" in lim else None,
-        )
+        """From a ResourceRequirements; a missing request defaults to the limit."""
+        req, lim = container_qos_parts(_rl(res))
+        return cls(req.get("cpu"), lim.get("cpu"), req.get("memory"), lim.get("memory"))
 
 
 def _fmt_cpu(m: int) -> str:
