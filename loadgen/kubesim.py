@@ -50,6 +50,7 @@ import asyncio
 import contextlib
 import copy
 import datetime as _dt
+import http
 import json
 import math
 import os
@@ -854,9 +855,7 @@ class KubeSim:
     @staticmethod
     async def _send(writer: asyncio.StreamWriter, code: int, obj: JSON) -> None:
         payload = json.dumps(obj).encode()
-        reason = {200: "OK", 201: "Created", 404: "Not Found", 422: "Unprocessable Entity"}.get(
-            code, "X"
-        )
+        reason = http.HTTPStatus(code).phrase
         head = (
             f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(payload)}\r\nCache-Control: no-cache, private\r\n\r\n"
