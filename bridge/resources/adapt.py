@@ -298,7 +298,9 @@ class Adapter:
         snap = self.snapshot(detected_at)
         self._snapshot = snap
         plan = make_plan(snap, self.settings.plan)
-        self.metrics.set_limits(plan.cpu_limit_cores, plan.memory_limit_bytes)
+        self.metrics.set_limits(
+            snap.cgroup.cpu_limit_cores, snap.cgroup.memory_limit_bytes, plan.memory_limit_bytes
+        )
         prev = self._applied
         if prev is not None and plan == prev:
             self._applied = plan  # same values; keep the newest reasons for describe()

@@ -1,8 +1,10 @@
 """Prometheus metrics of the resource watcher, on an injected registry (never the global one).
 
-Unlimited limits are exported as ``+Inf`` (a finite sentinel would read as a real limit).
-``bridge_resize_pending{reason}`` is 1 while a resize has been pending (Deferred / Infeasible) or
-failing (Error) for longer than the configured escalation time, else 0.
+``bridge_limit_*`` are what the kernel enforces (the cgroup files); ``bridge_plan_*`` what the
+plan is sized for, which differs during a cooperative downscale. Unlimited is exported as
+``+Inf`` (a finite sentinel would read as a real limit). ``bridge_resize_pending{reason}`` is 1
+while a resize has been pending (Deferred / Infeasible) or failing (Error) for longer than the
+configured escalation time, else 0.
 """
 
 from __future__ import annotations
@@ -24,8 +26,14 @@ class ResourceMetrics:
         )
         self.limit_memory_bytes = Gauge(
             "bridge_limit_memory_bytes",
-            "Effective memory limit planned for (cgroup, memory.high or pending pod decrease), "
-            "+Inf when unlimited",
+            "Memory limit seen in the cgroup (memory.max / memory.limit_in_bytes), +Inf when "
+            "unlimited",
+            registry=registry,
+        )
+        self.plan_memory_limit_bytes = Gauge(
+            "bridge_plan_memory_limit_bytes",
+            "Memory limit the plan is sized for: the cgroup's, memory.high, or a pending "
+            "decrease of the Pod's limit (cooperative downscale); +Inf when unlimited",
             registry=registry,
         )
         self.plan_workers = Gauge(
@@ -60,6 +68,9 @@ class ResourceMetrics:
             for direction in ("up", "down"):
                 self.resize_events.labels(resource=resource, direction=direction)
 
-    def set_limits(self, cpu_cores: float | None, memory_bytes: int | None) -> None:
+    def set_limits(
+        self, cpu_cores: float | None, memory_bytes: int | None, planned_memory: int | None
+    ) -> None:
         self.limit_cpu_cores.set(math.inf if cpu_cores is None else cpu_cores)
         self.limit_memory_bytes.set(math.inf if memory_bytes is None else memory_bytes)
+        self.plan_memory_limit_bytes.set(math.inf if planned_memory is None else planned_memory)

@@ -329,6 +329,8 @@ async def test_cooperative_downscale_plans_before_the_kubelet_applies(
     await eventually(lambda: (adapter.describe()["pending_resize"] or {}).get("reason") == "Error")
     assert adapter.plan is not None and adapter.plan.memory_limit_bytes == 6 * GiB
     assert "cooperative downscale" in adapter.plan.reasons["memory_limit_bytes"]
+    assert sample(registry, "bridge_limit_memory_bytes") == 12 * GiB  # what the kernel enforces
+    assert sample(registry, "bridge_plan_memory_limit_bytes") == 6 * GiB  # what we plan for
 
     # the data plane shrinks (simulated usage drop): the kubelet's next check passes
     sim.cgroup.set_memory_usage(5 * GiB)
