@@ -568,6 +568,11 @@ class KubeSim:
             raise KeyError(resource_id)
         self._touch()
 
+    @property
+    def open_watches(self) -> int:
+        """Watch streams currently being served."""
+        return len(self._watchers)
+
     def end_watches(self) -> None:
         """End every open watch stream, as an API server restart or watch timeout does."""
         for q in self._watchers:

@@ -485,7 +485,7 @@ async def test_cli_prints_values_and_sources(stack: Callable[..., Any], tmp_path
 
 async def test_pod_watch_reconnects_after_the_server_ends_it(stack: Callable[..., Any]) -> None:
     sim, adapter, target, _, client = await stack("pod-running-initial.json")
-    await eventually(lambda: adapter.describe()["pod"] is not None)
+    await eventually(lambda: sim.open_watches == 1)
     gets_before = sum(1 for m, t in sim.requests_seen if m == "GET" and t.endswith("sim-bridge-0"))
     sim.end_watches()  # e.g. an API server restart
     await eventually(
