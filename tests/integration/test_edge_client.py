@@ -220,10 +220,22 @@ class Env:
     fake: FakeBridge
     transport: str
     url: str
+    clients: list[EdgeClient] = field(default_factory=list)
 
-    def client(self, streams: tuple[str, ...] = ("a",), **kw: Any) -> EdgeClient:
-        specs = [StreamConfig(s, kind="telemetry") for s in streams]
-        return EdgeClient(self.transport, self.url, "dev1", specs, seed=1, **kw)  # type: ignore[arg-type]
+    def client(
+        self,
+        streams: tuple[str, ...] = ("a",),
+        *,
+        specs: list[StreamConfig] | None = None,
+        device_id: str = "dev1",
+        url: str | None = None,
+        **kw: Any,
+    ) -> EdgeClient:
+        specs = specs or [StreamConfig(s, kind="telemetry") for s in streams]
+        transport: Any = self.transport
+        c = EdgeClient(transport, url or self.url, device_id, specs, seed=1, **kw)
+        self.clients.append(c)  # closed by the fixture even when the test fails
+        return c
 
 
 @pytest.fixture(params=["ws", "grpc"])
@@ -231,7 +243,10 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
     fake = FakeBridge()
     front: WsFront | GrpcFront = WsFront(fake) if request.param == "ws" else GrpcFront(fake)
     url = await front.start()
-    yield Env(fake, request.param, url)
+    env = Env(fake, request.param, url)
+    yield env
+    for c in env.clients:
+        await c.close()
     await front.stop()
 
 
@@ -247,7 +262,7 @@ async def test_hello_then_frames_delivered_with_latency(env: Env) -> None:
         StreamConfig("lidar", voxel_size=0.2, max_points=5000),
         StreamConfig("tel", kind="telemetry"),
     ]
-    c = EdgeClient(env.transport, env.url, "robot-7", specs)  # type: ignore[arg-type]
+    c = env.client(specs=specs, device_id="robot-7")
     await c.start()
     hello = env.fake.hellos[0]
     assert hello.device_id == "robot-7" and hello.resume_token == ""
@@ -423,7 +438,7 @@ async def test_errors_are_counted_by_code(env: Env) -> None:
 
 async def test_start_fails_clearly_when_nothing_answers(env: Env) -> None:
     url = "ws://127.0.0.1:9/v1/ingest" if env.transport == "ws" else "127.0.0.1:9"
-    c = EdgeClient(env.transport, url, "dev", [StreamConfig("a")])  # type: ignore[arg-type]
+    c = env.client(url=url)
     with pytest.raises(ConnectionError, match="no Welcome"):
         await c.start(timeout=0.5)
     assert c.stats.connect_failures >= 1
@@ -434,20 +449,22 @@ async def test_reconnects_with_backoff_when_the_bridge_is_down() -> None:
     front = WsFront(fake)
     url = await front.start()
     c = EdgeClient("ws", url, "dev1", [StreamConfig("a")], seed=3)
-    await c.start()
-    fake.hold = True
-    await c.publish("a", b"1")
-    await fake.frames_at_least(1)
-    await front.stop()
-    fake.restart()
-    await settle(c, lambda: c.stats.connect_failures >= 2, "failed attempts")
-    await front.start(port=front.port)
-    await settle(c, lambda: c.stats.reconnects == 1, "reconnect")
-    fake.hold = False
-    assert await c.wait_delivered(5.0)
-    assert c.stats.resent == 1 and c.stats.disconnects == 1
-    await c.close()
-    await front.stop()
+    try:
+        await c.start()
+        fake.hold = True
+        await c.publish("a", b"1")
+        await fake.frames_at_least(1)
+        await front.stop()
+        fake.restart()
+        await settle(c, lambda: c.stats.connect_failures >= 2, "failed attempts")
+        await front.start(port=front.port)
+        await settle(c, lambda: c.stats.reconnects == 1, "reconnect")
+        fake.hold = False
+        assert await c.wait_delivered(5.0)
+        assert c.stats.resent == 1 and c.stats.disconnects == 1
+    finally:
+        await c.close()
+        await front.stop()
 
 
 async def test_publisher_runs_open_loop_and_reports(env: Env) -> None:
