@@ -32,9 +32,12 @@ class FakeConn:
         self._send, self._recv, self._close = send, recv, close
         self.killed = asyncio.Event()
         self.session = ""
+        # grpc.aio allows one write in flight per call (else TOO_MANY_OPERATIONS): serialize.
+        self._write_lock = asyncio.Lock()
 
     async def send(self, msg: pb.BridgeMessage) -> None:
-        await self._send(msg)
+        async with self._write_lock:
+            await self._send(msg)
 
     async def recv(self) -> pb.EdgeMessage | None:
         recv = asyncio.ensure_future(self._recv())
