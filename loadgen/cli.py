@@ -231,6 +231,13 @@ def _configure_publish(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="after publishing, wait this long for every frame to be reported delivered",
     )
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="give up (exit 1) if an edge gets no Welcome within S seconds",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -269,6 +276,7 @@ async def _publish_main(args: argparse.Namespace) -> int:
         resend_buffer_frames=args.resend_buffer_frames,
         max_message_bytes=args.max_message_bytes,
         drain_timeout_s=args.drain_timeout,
+        connect_timeout_s=args.connect_timeout,
     )
     try:
         rep = await pub.run()

@@ -663,6 +663,7 @@ class Publisher:
         resend_buffer_frames: int = 10_000,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         drain_timeout_s: float = 10.0,
+        connect_timeout_s: float = 10.0,
     ) -> None:
         if edges < 1 or streams_per_edge < 0 or rate_hz <= 0 or duration_s < 0:
             raise ValueError("edges >= 1, streams_per_edge >= 0, rate_hz > 0, duration_s >= 0")
@@ -671,6 +672,7 @@ class Publisher:
         self.rate_hz = rate_hz
         self.duration_s = duration_s
         self.drain_timeout_s = drain_timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self.telemetry = telemetry
         self.cloud_streams = [f"lidar{i}" for i in range(streams_per_edge)]
         specs = [StreamConfig(s, voxel_size=voxel_size) for s in self.cloud_streams]
@@ -697,7 +699,11 @@ class Publisher:
 
     async def run(self) -> dict[str, Any]:
         """Connect all edges, publish for ``duration_s``, wait for delivery, close; report."""
-        await asyncio.gather(*(c.start() for c in self.clients))
+        try:
+            await asyncio.gather(*(c.start(timeout=self.connect_timeout_s) for c in self.clients))
+        except BaseException:
+            await asyncio.gather(*(c.close() for c in self.clients))
+            raise
         loop = asyncio.get_running_loop()
         # One instant read on both clocks: schedule on the monotonic one, stamp with wall time.
         t0_mono, t0_wall = loop.time() + 0.05, time.time_ns() + 50_000_000

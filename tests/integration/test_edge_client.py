@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
+from loadgen import cli
 from loadgen.edge import EdgeClient, Publisher, StreamConfig
 
 MAX = 16 * 1024 * 1024
@@ -488,3 +490,32 @@ async def test_publisher_runs_open_loop_and_reports(env: Env) -> None:
     assert rep["disconnects"] == 0 and rep["dropped_resend_overflow"] == 0
     assert {h.device_id for h in env.fake.hellos} == {"loadgen-0", "loadgen-1"}
     assert len(env.fake.frames) == 120
+
+
+async def test_publish_command_prints_a_json_summary(
+    env: Env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flag = "--ws" if env.transport == "ws" else "--grpc"
+    argv = [
+        "publish", flag, env.url, "--edges", "2", "--rate", "40", "--duration", "0.25",
+        "--points", "200", "--json",
+    ]  # fmt: skip
+    rc = await asyncio.to_thread(cli.main, argv)  # its own event loop, like the real command
+    assert rc == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["published"] == 2 * 10 and rep["undelivered"] == 0
+    assert len(env.fake.frames) == 20
+
+
+def test_unreachable_bridge_and_placeholders_exit_nonzero(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["publish", "--grpc", "127.0.0.1:9", "--duration", "0.1", "--connect-timeout", "0.3"]
+    assert cli.main(argv) == 1
+    assert "error:" in capsys.readouterr().err
+    assert cli.main(["demo"]) == 2
+    assert "not yet implemented" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["publish", "--help"])
+    assert exc.value.code == 0
+    assert "--streams-per-edge" in capsys.readouterr().out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -173,3 +175,32 @@ async def test_too_large_frame_is_refused() -> None:
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert sink.record.totals()["received"] == 0
         await ch.close()
+
+
+async def test_sink_command_runs_as_a_process_and_summarizes_on_sigterm(tmp_path: Path) -> None:
+    record = tmp_path / "cli.jsonl"
+    code = "import sys; from loadgen.cli import main; sys.exit(main(sys.argv[1:]))"
+    args = ["sink", "--listen", "127.0.0.1:0", "--record", str(record), "--json"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, *args, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
+        assert line.startswith("sink listening on 127.0.0.1:")
+        p = Pusher(line.split()[-1])
+        await p.ack()
+        for i in (1, 2, 4):
+            await p.queue.put(pf(i, i))
+        await p.ack_until(3)
+        await p.close()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0
+    summary = json.loads(out)
+    assert summary["totals"]["delivered"] == 3 and summary["totals"]["lost"] == 1
+    assert len(record.read_text().splitlines()) == 3
