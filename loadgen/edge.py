@@ -39,6 +39,32 @@ log = logging.getLogger(__name__)
 Transport = Literal["ws", "grpc"]
 Payload = pb.PointCloud | pb.Telemetry | bytes | Mapping[str, float]
 
+
+@dataclass(frozen=True, slots=True)
+class PreparedPayload:
+    """A payload serialized once as the ``Frame.payload`` field, reusable across frames.
+
+    Why: serializing a 1.6 MB cloud per frame costs about a millisecond of the load
+    generator's CPU; a frame built from prepared bytes is one concatenation. Immutable, so a
+    caller that later changes its PointCloud object cannot alter frames already buffered.
+    """
+
+    frame_bytes: bytes
+
+    @classmethod
+    def of(cls, payload: Payload) -> PreparedPayload:
+        frame = pb.Frame()
+        if isinstance(payload, pb.PointCloud):
+            frame.point_cloud.CopyFrom(payload)
+        elif isinstance(payload, pb.Telemetry):
+            frame.telemetry.CopyFrom(payload)
+        elif isinstance(payload, bytes):
+            frame.telemetry.blob = payload
+        else:
+            frame.telemetry.values.update(payload)
+        return cls(frame.SerializeToString())
+
+
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 KINDS = {"point_cloud": pb.POINT_CLOUD, "telemetry": pb.TELEMETRY}
 #: Reconnect backoff (seconds): exponential from BACKOFF_BASE, capped, with jitter.
@@ -46,6 +72,20 @@ BACKOFF_BASE = 0.1
 BACKOFF_CAP = 5.0
 #: Latency samples kept per client (a long run keeps the first ones; the sink keeps a reservoir).
 MAX_LATENCY_SAMPLES = 1_000_000
+#: Error codes that reject one frame (``Error.seq``) for good: resending it cannot succeed.
+FRAME_REJECTIONS = frozenset(
+    {pb.INVALID_LAYOUT, pb.TOO_LARGE, pb.TOO_MANY_POINTS, pb.UNKNOWN_STREAM, pb.SEQ_REGRESSION}
+)
+#: WebSocket close codes the bridge uses (DESIGN §2), named in ``EdgeStats.close_reasons``.
+WS_CLOSE_NAMES = {
+    1000: "normal",
+    1001: "going_away",
+    1006: "abnormal",
+    1007: "malformed",
+    1008: "policy",
+    1009: "too_big",
+    1011: "internal_error",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +120,8 @@ class EdgeStats:
     acked_accepted: int = 0
     acked_delivered: int = 0
     dropped_resend_overflow: int = 0
+    #: frames refused for good (an Error naming their seq, or above the Welcome's size limit)
+    rejected: int = 0
     disconnects: int = 0
     reconnects: int = 0
     connect_failures: int = 0
@@ -103,12 +145,39 @@ class EdgeStats:
 
 @dataclass(slots=True)
 class _Entry:
+    stream_id: str
     seq: int
     order: int  # global publish order: "oldest" across streams
-    msg: pb.EdgeMessage
-    nbytes: int
+    data: bytes  # the serialized EdgeMessage, sent as is
     scheduled_ns: int
     transmissions: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_EDGE_MESSAGE_FRAME_TAG = b"\x12"  # EdgeMessage.frame: field 2, length-delimited
+
+
+def encode_frame(stream_id: str, seq: int, capture_time_ns: int, payload: PreparedPayload) -> bytes:
+    """A serialized ``EdgeMessage{frame}``: protobuf merges concatenated message encodings, so
+    the small header (stream id, seq, time) followed by the prepared payload field is exactly
+    the encoding of the whole frame."""
+    header = pb.Frame(
+        stream_id=stream_id, seq=seq, capture_time_ns=capture_time_ns
+    ).SerializeToString()
+    body_len = len(header) + len(payload.frame_bytes)
+    return b"".join((_EDGE_MESSAGE_FRAME_TAG, _varint(body_len), header, payload.frame_bytes))
 
 
 class _Stream:
@@ -155,21 +224,16 @@ class EdgeCore:
 
     # -- publishing ---------------------------------------------------------------------------
 
-    def publish(self, stream_id: str, payload: Payload, capture_time_ns: int) -> int:
+    def publish(
+        self, stream_id: str, payload: Payload | PreparedPayload, capture_time_ns: int
+    ) -> int:
         """Assign the next seq, buffer the frame, evict the oldest frames beyond the bounds."""
         st = self.streams[stream_id]  # KeyError for an undeclared stream: a caller bug
-        frame = pb.Frame(stream_id=stream_id, seq=st.next_seq, capture_time_ns=capture_time_ns)
-        if isinstance(payload, pb.PointCloud):
-            frame.point_cloud.CopyFrom(payload)
-        elif isinstance(payload, pb.Telemetry):
-            frame.telemetry.CopyFrom(payload)
-        elif isinstance(payload, bytes):
-            frame.telemetry.blob = payload
-        else:
-            frame.telemetry.values.update(payload)
-        msg = pb.EdgeMessage(frame=frame)
+        if not isinstance(payload, PreparedPayload):
+            payload = PreparedPayload.of(payload)
+        data = encode_frame(stream_id, st.next_seq, capture_time_ns, payload)
         self._order += 1
-        entry = _Entry(st.next_seq, self._order, msg, msg.ByteSize(), capture_time_ns)
+        entry = _Entry(stream_id, st.next_seq, self._order, data, capture_time_ns)
         st.next_seq += 1
         st.buf[entry.seq] = entry
         st.pending.append(entry)
@@ -195,6 +259,16 @@ class EdgeCore:
     def _forget(self, entry: _Entry) -> None:
         self.buffered_bytes -= entry.nbytes
         self.buffered_frames -= 1
+
+    def reject(self, stream_id: str, seq: int) -> bool:
+        """Forget a frame the bridge refused for good (it would be refused again on resend)."""
+        st = self.streams.get(stream_id)
+        entry = st.buf.pop(seq, None) if st is not None else None
+        if entry is None:
+            return False
+        self._forget(entry)
+        self.stats.rejected += 1
+        return True
 
     # -- connection lifecycle -----------------------------------------------------------------
 
@@ -269,22 +343,31 @@ class EdgeCore:
 
     # -- sending ------------------------------------------------------------------------------
 
-    def next_to_send(self) -> _Entry | None:
-        """The oldest frame not yet sent on this connection, among streams that are not paused."""
+    def next_to_send(self, max_frame_bytes: int = 0) -> _Entry | None:
+        """The oldest frame not yet sent on this connection, among streams that are not paused.
+
+        Frames above ``max_frame_bytes`` (the Welcome's limit, 0 = none) are rejected here:
+        sending one would only get the connection closed, again after every reconnect.
+        """
         if self.session_paused:
             return None
         best: _Entry | None = None
         for st in self.streams.values():
             if st.paused:
                 continue
-            while st.pending and st.pending[0].seq not in st.buf:  # acked or evicted meanwhile
-                st.pending.popleft()
+            while st.pending and (
+                st.pending[0].seq not in st.buf  # acked or evicted meanwhile
+                or (max_frame_bytes and st.pending[0].nbytes > max_frame_bytes)
+            ):
+                head = st.pending.popleft()
+                if head.seq in st.buf:
+                    self.reject(head.stream_id, head.seq)
             if st.pending and (best is None or st.pending[0].order < best.order):
                 best = st.pending[0]
         return best
 
     def mark_sent(self, entry: _Entry) -> None:
-        st = self.streams[entry.msg.frame.stream_id]
+        st = self.streams[entry.stream_id]
         if st.pending and st.pending[0] is entry:
             st.pending.popleft()
         if entry.transmissions:
@@ -302,7 +385,7 @@ class EdgeCore:
 
 
 class _Conn(Protocol):
-    async def send(self, msg: pb.EdgeMessage) -> None: ...
+    async def send(self, data: bytes) -> None: ...
     async def recv(self) -> pb.BridgeMessage | None: ...
     async def close(self) -> None: ...
     def close_reason(self) -> str: ...
@@ -325,8 +408,8 @@ class _WsConn:
         )
         return cls(ws)
 
-    async def send(self, msg: pb.EdgeMessage) -> None:
-        await self._ws.send(msg.SerializeToString())
+    async def send(self, data: bytes) -> None:
+        await self._ws.send(data)
 
     async def recv(self) -> pb.BridgeMessage | None:
         try:
@@ -342,7 +425,9 @@ class _WsConn:
 
     def close_reason(self) -> str:
         code = self._ws.close_code
-        return f"ws:{code}" if code is not None else "ws:none"
+        if code is None:
+            return "ws:none"
+        return f"ws:{code}:{WS_CLOSE_NAMES[code]}" if code in WS_CLOSE_NAMES else f"ws:{code}"
 
 
 class _GrpcConn:
@@ -366,8 +451,9 @@ class _GrpcConn:
         while (msg := await self._queue.get()) is not None:
             yield msg
 
-    async def send(self, msg: pb.EdgeMessage) -> None:
-        await self._queue.put(msg)
+    async def send(self, data: bytes) -> None:
+        # The generated stub serializes messages itself, so the prepared bytes are parsed back.
+        await self._queue.put(pb.EdgeMessage.FromString(data))
 
     async def recv(self) -> pb.BridgeMessage | None:
         try:
@@ -465,10 +551,16 @@ class EdgeClient:
                 ) from None
 
     async def publish(
-        self, stream_id: str, payload: Payload, *, capture_time_ns: int | None = None
+        self,
+        stream_id: str,
+        payload: Payload | PreparedPayload,
+        *,
+        capture_time_ns: int | None = None,
     ) -> int:
         """Buffer the next frame of ``stream_id`` and let the sender transmit it; return its seq.
 
+        ``payload``: a PointCloud, a Telemetry, ``bytes`` (a telemetry blob), a mapping (telemetry
+        values) or a :class:`PreparedPayload` (fastest when one payload is published repeatedly).
         ``capture_time_ns`` defaults to now; the Publisher passes the scheduled time instead.
         """
         seq = self.core.publish(
@@ -566,7 +658,7 @@ class EdgeClient:
 
         Returns the reconnect delay a Drain asked for, or None for a plain disconnect.
         """
-        await conn.send(self.core.hello(self.auth_token))
+        await conn.send(self.core.hello(self.auth_token).SerializeToString())
         first = await asyncio.wait_for(conn.recv(), self.welcome_timeout)
         if first is None:
             raise ConnectionError("closed before Welcome")
@@ -603,8 +695,11 @@ class EdgeClient:
             self.core.on_flow_control(msg.flow_control)
             self._wake.set()
         elif kind == "error":
-            self.stats.errors[pb.ErrorCode.Name(msg.error.code)] += 1
-            log.info("%s: bridge error %s", self.device_id, msg.error.message)
+            err = msg.error
+            self.stats.errors[pb.ErrorCode.Name(err.code)] += 1
+            log.info("%s: bridge error %s", self.device_id, err.message)
+            if err.code in FRAME_REJECTIONS and err.stream_id and err.seq:
+                self.core.reject(err.stream_id, err.seq)
         elif kind == "drain":
             self.stats.drains += 1
             return msg.drain.reconnect_after_ms / 1000.0
@@ -615,13 +710,15 @@ class EdgeClient:
     async def _send_loop(self, conn: _Conn) -> None:
         try:
             while True:
-                entry = self.core.next_to_send()
+                limit = self.welcome.limits.max_frame_bytes if self.welcome else 0
+                entry = self.core.next_to_send(limit)
                 if entry is None:
+                    self._notify()  # next_to_send may have rejected oversized frames
                     self._wake.clear()
-                    if (entry := self.core.next_to_send()) is None:
+                    if (entry := self.core.next_to_send(limit)) is None:
                         await self._wake.wait()
                         continue
-                await conn.send(entry.msg)
+                await conn.send(entry.data)
                 self.core.mark_sent(entry)
                 # websockets' send() does not yield while the socket takes data (DESIGN §8).
                 await asyncio.sleep(0)
@@ -692,7 +789,10 @@ class Publisher:
             for i in range(edges)
         ]
         # A few distinct clouds shared by all streams: realistic content, bounded memory.
-        self.clouds = [synthetic(points, seed + k, color=color).to_proto() for k in range(4)]
+        self.clouds = [
+            PreparedPayload.of(synthetic(points, seed + k, color=color).to_proto())
+            for k in range(4)
+        ]
         self.late_ticks = 0
         self.max_lag_s = 0.0
         self.elapsed_s = 0.0

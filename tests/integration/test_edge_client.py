@@ -22,7 +22,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
 from loadgen import cli
-from loadgen.edge import EdgeClient, Publisher, StreamConfig
+from loadgen.edge import EdgeClient, PreparedPayload, Publisher, StreamConfig, encode_frame
 
 MAX = 16 * 1024 * 1024
 
@@ -74,6 +74,7 @@ class FakeBridge:
         self.hold = False
         self.ignore_frames = False  # receive but do not accept (frames lost in flight)
         self.on_welcome: list[pb.BridgeMessage] = []
+        self.limits = pb.ServerLimits()
         self._n = 0
         self.changed = asyncio.Event()
 
@@ -99,7 +100,7 @@ class FakeBridge:
             pb.StreamState(stream_id=s, delivered_seq=sess.delivered[s], accepted_seq=a)
             for s, a in sess.accepted.items()
         ]
-        welcome = pb.Welcome(session_id=token, streams=states, resumed=resumed)
+        welcome = pb.Welcome(session_id=token, streams=states, resumed=resumed, limits=self.limits)
         await conn.send(pb.BridgeMessage(welcome=welcome))
         for msg in self.on_welcome:
             await conn.send(msg)
@@ -439,6 +440,46 @@ async def test_errors_are_counted_by_code(env: Env) -> None:
     await settle(c, lambda: c.stats.reconnects == 1, "reconnect after fatal error")
     assert c.stats.errors["PROTOCOL_VIOLATION"] == 1
     await c.close()
+
+
+async def test_frames_the_bridge_rejects_are_not_resent(env: Env) -> None:
+    env.fake.hold = True
+    env.fake.limits = pb.ServerLimits(max_frame_bytes=600)
+    c = env.client()
+    await c.start()
+    await c.publish("a", b"small")
+    await c.publish("a", b"x" * 1000)  # above the Welcome's limit: never sent
+    await c.publish("a", b"small")
+    await env.fake.frames_at_least(2)
+    err = pb.Error(code=pb.INVALID_LAYOUT, stream_id="a", seq=3, message="bad")
+    await env.fake.broadcast(pb.BridgeMessage(error=err))
+    await settle(c, lambda: c.stats.rejected == 2, "rejections")
+    assert env.fake.frames == [("a", 1), ("a", 3)]
+    assert list(c.core.streams["a"].buf) == [1]
+    env.fake.restart()  # frame 1 is resent to the new session; 2 and 3 are not
+    await settle(c, lambda: c.stats.reconnects == 1, "reconnect")
+    assert (await env.fake.frames_at_least(3))[2:] == [("a", 1)]
+    await env.fake.release()
+    assert await c.wait_delivered(5.0)
+    assert c.stats.resent == 1
+    assert c.stats.errors == {"INVALID_LAYOUT": 1}
+    await c.close()
+
+
+def test_prepared_frames_encode_exactly_like_the_message() -> None:
+    cloud = pb.PointCloud(point_stride=12, data=bytes(range(240)), frame_id="f")
+    for payload in (cloud, pb.Telemetry(values={"v": 1.5}), b"blob" * 100, {"k": 2.0}):
+        data = encode_frame("lidar", 300, -5, PreparedPayload.of(payload))
+        msg = pb.EdgeMessage.FromString(data)
+        assert msg.frame.stream_id == "lidar" and msg.frame.seq == 300
+        assert msg.frame.capture_time_ns == -5
+        expected = pb.EdgeMessage(frame=pb.Frame(stream_id="lidar", seq=300, capture_time_ns=-5))
+        expected.frame.MergeFrom(pb.Frame.FromString(PreparedPayload.of(payload).frame_bytes))
+        assert msg == expected
+    big = PreparedPayload.of(pb.PointCloud(point_stride=16, data=b"\0" * 200_000))
+    assert (
+        pb.EdgeMessage.FromString(encode_frame("s", 1, 0, big)).frame.point_cloud.point_stride == 16
+    )
 
 
 async def test_start_fails_clearly_when_nothing_answers(env: Env) -> None:
