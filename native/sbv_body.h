@@ -83,6 +83,26 @@ SBV_HD double sbv_key_f64(double p, double voxel) { return floor(p / voxel); }
 
 SBV_HD int sbv_key_ok(double k) { return k >= -SBV_KEY_LIMIT && k < SBV_KEY_LIMIT; }
 
+/* Final values from sums: the one place the averaging formulas live (both kernels and both
+ * CPU paths call these, so every path rounds identically). */
+SBV_HD void sbv_store_float(unsigned char *dst, uint32_t type, double sum, size_t count) {
+    if (type == SBV_FLOAT32) {
+        float m = (float)(sum / (double)count);
+        memcpy(dst, &m, 4);
+    } else {
+        double m = sum / (double)count;
+        memcpy(dst, &m, 8);
+    }
+}
+
+SBV_HD void sbv_store_int(unsigned char *dst, uint32_t type, int64_t sum, size_t count) {
+    sbv_store_i(dst, type, sbv_round_mean(sum, (int64_t)count));
+}
+
+SBV_HD void sbv_store_color(unsigned char *dst, const int64_t sum[4], size_t count) {
+    for (int c = 0; c < 4; c++) dst[c] = (unsigned char)sbv_round_mean(sum[c], (int64_t)count);
+}
+
 /*
  * Mean of every field over the points idx[0..count) (record index = idx[j] & mask), in
  * that order, written as one zeroed output record. Sums: float64 for float fields, exact
@@ -97,38 +117,21 @@ SBV_HD void sbv_reduce_voxel(const unsigned char *data, size_t stride, const sbv
         const unsigned char *base = data + fd.offset;
         unsigned char *dst = out + fd.offset;
         if (fd.role == SBV_ROLE_COLOR) {
-            int64_t c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+            int64_t c[4] = {0, 0, 0, 0};
             for (size_t j = 0; j < count; j++) {
                 const unsigned char *p = base + (idx[j] & mask) * stride;
-                c0 += p[0]; c1 += p[1]; c2 += p[2]; c3 += p[3];
+                c[0] += p[0]; c[1] += p[1]; c[2] += p[2]; c[3] += p[3];
             }
-            dst[0] = (unsigned char)sbv_round_mean(c0, (int64_t)count);
-            dst[1] = (unsigned char)sbv_round_mean(c1, (int64_t)count);
-            dst[2] = (unsigned char)sbv_round_mean(c2, (int64_t)count);
-            dst[3] = (unsigned char)sbv_round_mean(c3, (int64_t)count);
+            sbv_store_color(dst, c, count);
         } else if (fd.type == SBV_FLOAT32 || fd.type == SBV_FLOAT64) {
             double s = 0.0;
-            if (fd.type == SBV_FLOAT32) {
-                for (size_t j = 0; j < count; j++) {
-                    float v;
-                    memcpy(&v, base + (idx[j] & mask) * stride, 4);
-                    s += (double)v;
-                }
-                float m = (float)(s / (double)count);
-                memcpy(dst, &m, 4);
-            } else {
-                for (size_t j = 0; j < count; j++) {
-                    double v;
-                    memcpy(&v, base + (idx[j] & mask) * stride, 8);
-                    s += v;
-                }
-                double m = s / (double)count;
-                memcpy(dst, &m, 8);
-            }
+            for (size_t j = 0; j < count; j++)
+                s += sbv_load_f(base + (idx[j] & mask) * stride, fd.type);
+            sbv_store_float(dst, fd.type, s, count);
         } else {
             int64_t s = 0;
             for (size_t j = 0; j < count; j++) s += sbv_load_i(base + (idx[j] & mask) * stride, fd.type);
-            sbv_store_i(dst, fd.type, sbv_round_mean(s, (int64_t)count));
+            sbv_store_int(dst, fd.type, s, count);
         }
     }
 }

@@ -224,17 +224,21 @@ def test_backend_matches_reference(decimator: Decimator, cloud: tuple[str, bytes
     assert_same_cloud(layout, result.data, want)
 
 
+@pytest.mark.parametrize("voxel", [0.5, 5.0], ids=["sorted", "dense-grid"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_c_threads_equal_reference_bitwise(threads: int) -> None:
-    """Large enough to split across kernel threads; CPU sums run in the same order."""
+def test_c_threads_equal_reference_bitwise(threads: int, voxel: float) -> None:
+    """Large enough to split across kernel threads; CPU sums run in the same order.
+
+    voxel 0.5 takes the kernel's radix-sort path, 5.0 its dense-grid counting path.
+    """
     if available_backends()["c"] is not None:
         pytest.skip(f"c backend unavailable: {available_backends()['c']}")
     rng = np.random.default_rng(7)
     xyz = rng.normal(0, 30, (300_000, 3)).astype(np.float32)
     xyz[::97] = np.nan
     data = pack(RICH32, xyz, rng)
-    want, _ = downsample_packed(RICH32, data, 0.5)
-    assert get_decimator("c", threads=threads).downsample(RICH32, data, 0.5).data == want
+    want, _ = downsample_packed(RICH32, data, voxel)
+    assert get_decimator("c", threads=threads).downsample(RICH32, data, voxel).data == want
 
 
 def test_output_sorted_by_key_and_means(decimator: Decimator) -> None:
