@@ -210,6 +210,12 @@ def _configure_publish(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic clouds")
     p.add_argument(
+        "--device-prefix",
+        default="loadgen",
+        metavar="NAME",
+        help="device ids are NAME-0..NAME-(K-1); distinct prefixes let publishers run side by side",
+    )
+    p.add_argument(
         "--resend-buffer-bytes",
         type=int,
         default=256 * 1024 * 1024,
@@ -272,6 +278,7 @@ async def _publish_main(args: argparse.Namespace) -> int:
         voxel_size=args.voxel_size,
         color=args.color,
         seed=args.seed,
+        device_prefix=args.device_prefix,
         resend_buffer_bytes=args.resend_buffer_bytes,
         resend_buffer_frames=args.resend_buffer_frames,
         max_message_bytes=args.max_message_bytes,
