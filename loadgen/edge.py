@@ -439,6 +439,10 @@ class _GrpcConn:
             options=[
                 ("grpc.max_send_message_length", max_bytes),
                 ("grpc.max_receive_message_length", max_bytes),
+                # Channels to one target share subchannels by default, and a shared subchannel
+                # in gRPC's own reconnect backoff fails every new call at once: our reconnect
+                # loop would keep failing after the bridge is back. One pool per channel.
+                ("grpc.use_local_subchannel_pool", 1),
             ],
         )
         # A small queue: a slow stream backs up into the sender (and the resend buffer).
