@@ -209,13 +209,13 @@ class GrpcFront(bridge_pb2_grpc.IngestServicer):
 
         await self.fake.serve(FakeConn(context.write, recv, close))
 
-    async def start(self) -> str:
+    async def start(self, port: int = 0) -> str:
         opts = [("grpc.max_receive_message_length", MAX), ("grpc.max_send_message_length", MAX)]
         self.server = grpc.aio.server(options=opts)
         bridge_pb2_grpc.add_IngestServicer_to_server(self, self.server)
-        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         await self.server.start()
-        return f"127.0.0.1:{port}"
+        return f"127.0.0.1:{self.port}"
 
     async def stop(self) -> None:
         await self.server.stop(0.2)
@@ -490,11 +490,13 @@ async def test_start_fails_clearly_when_nothing_answers(env: Env) -> None:
     assert c.stats.connect_failures >= 1
 
 
-async def test_reconnects_with_backoff_when_the_bridge_is_down() -> None:
+@pytest.mark.parametrize("transport", ["ws", "grpc"])
+async def test_reconnects_with_backoff_when_the_bridge_is_down(transport: str) -> None:
     fake = FakeBridge()
-    front = WsFront(fake)
+    front: WsFront | GrpcFront = WsFront(fake) if transport == "ws" else GrpcFront(fake)
     url = await front.start()
-    c = EdgeClient("ws", url, "dev1", [StreamConfig("a")], seed=3)
+    c = EdgeClient(transport, url, "dev1", [StreamConfig("a")], seed=3)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
     try:
         await c.start()
         fake.hold = True
@@ -502,9 +504,14 @@ async def test_reconnects_with_backoff_when_the_bridge_is_down() -> None:
         await fake.frames_at_least(1)
         await front.stop()
         fake.restart()
-        await settle(c, lambda: c.stats.connect_failures >= 2, "failed attempts")
+        # Long enough for gRPC's own subchannel backoff (1 s) to kick in if it were shared.
+        await settle(c, lambda: c.stats.connect_failures >= 4, "failed attempts")
         await front.start(port=front.port)
+        back = loop.time()
         await settle(c, lambda: c.stats.reconnects == 1, "reconnect")
+        # Our next attempt comes within 1.6 s; one more failed attempt would add 3.2 s.
+        assert loop.time() - back < 2.5
+        assert c.stats.connect_failures <= 5
         fake.hold = False
         assert await c.wait_delivered(5.0)
         assert c.stats.resent == 1 and c.stats.disconnects == 1
