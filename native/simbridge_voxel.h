@@ -97,8 +97,12 @@ int sbv_cuda_device_count(char *err, size_t err_len);
 /* SBV_ABI_VERSION of the library, to refuse a stale build. */
 int sbv_abi_version(void);
 
-/* Drop the calling thread's cached scratch memory (the CPU kernel keeps up to
- * SBV_SCRATCH_KEEP bytes per calling thread between calls to avoid page faults). */
+/* CPU kernel scratch (16 bytes per point) is cached per calling thread between calls, because
+ * first touch of fresh memory is slow on VMs; a buffer larger than the keep limit is freed
+ * after its call. sbv_scratch_keep sets the limit in bytes (default 64 MiB, shared by all
+ * threads) and returns the previous one; SIZE_MAX only reads it. sbv_release_scratch frees
+ * the calling thread's buffer now (it is also freed when the thread exits). */
+size_t sbv_scratch_keep(size_t bytes);
 void sbv_release_scratch(void);
 
 #ifdef __cplusplus

@@ -21,12 +21,13 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "sbv_body.h"
 
-#define SBV_SCRATCH_KEEP ((size_t)64 << 20)
+#define SBV_SCRATCH_KEEP_DEFAULT ((size_t)64 << 20)
 #define SBV_MIN_POINTS_PER_THREAD 65536
 #define SBV_MAX_THREADS 64
 #define SBV_TOP_BITS 11
@@ -89,13 +90,20 @@ static void *scratch_get(size_t bytes, int *cached) {
     return s->p;
 }
 
+static _Atomic size_t scratch_keep = SBV_SCRATCH_KEEP_DEFAULT;
+
+size_t sbv_scratch_keep(size_t bytes) {
+    if (bytes == SIZE_MAX) return scratch_keep;
+    return atomic_exchange(&scratch_keep, bytes);
+}
+
 static void scratch_done(void *mem, int cached) {
     if (!cached) {
         free(mem);
         return;
     }
     scratch_t *s = scratch_slot(0);
-    if (s && s->size > SBV_SCRATCH_KEEP) sbv_release_scratch();
+    if (s && s->size > scratch_keep) sbv_release_scratch();
 }
 
 void sbv_release_scratch(void) {

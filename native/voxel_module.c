@@ -117,10 +117,27 @@ static PyObject *py_release_scratch(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_scratch_keep(PyObject *self, PyObject *args) {
+    PyObject *arg = Py_None;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "|O:scratch_keep", &arg)) return NULL;
+    size_t bytes = SIZE_MAX;
+    if (arg != Py_None) {
+        bytes = PyLong_AsSize_t(arg);
+        if (bytes == (size_t)-1 && PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "scratch_keep takes a byte count >= 0 or None");
+            return NULL;
+        }
+    }
+    return PyLong_FromSize_t(sbv_scratch_keep(bytes));
+}
+
 static PyMethodDef methods[] = {
     {"downsample", (PyCFunction)(void (*)(void))py_downsample, METH_VARARGS | METH_KEYWORDS, downsample_doc},
     {"release_scratch", py_release_scratch, METH_NOARGS,
      "Free the calling thread's cached kernel scratch memory (kept between calls otherwise)."},
+    {"scratch_keep", py_scratch_keep, METH_VARARGS,
+     "scratch_keep(bytes=None) -> int: set the per-thread cached scratch limit; returns the old one."},
     {"cpu_count", py_cpu_count, METH_NOARGS, "Online CPUs (a default for the kernel's threads)."},
     {NULL, NULL, 0, NULL},
 };

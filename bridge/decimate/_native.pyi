@@ -9,6 +9,9 @@ ABI_VERSION: int
 def cpu_count() -> int:
     """Online CPUs (a default for the kernel's thread count)."""
 
+def scratch_keep(bytes: int | None = None, /) -> int:
+    """Set the per-thread cached scratch limit in bytes (None: only read); returns the old one."""
+
 def release_scratch() -> None:
     """Free the calling thread's cached kernel scratch memory."""
 

@@ -467,3 +467,26 @@ def test_native_rejects_bad_tables(
     data = np.zeros(4 * max(stride, 1), dtype=np.uint8).tobytes()
     with pytest.raises(ValueError, match=match):
         _native.downsample(data, stride, fields, 0.1, threads)
+
+
+def test_native_scratch_controls() -> None:
+    if available_backends()["c"] is not None:
+        pytest.skip(f"c backend unavailable: {available_backends()['c']}")
+    from bridge.decimate import _native
+
+    old = _native.scratch_keep()
+    try:
+        assert _native.scratch_keep(0) == old
+        assert _native.scratch_keep(None) == 0
+        data = np.random.default_rng(0).normal(0, 5, (200_000, 3)).astype(np.float32).tobytes()
+        want, _ = downsample_packed(XYZ32, data, 0.1)
+        c = get_decimator("c")
+        assert c.downsample(XYZ32, data, 0.1).data == want  # scratch freed after the call
+        _native.scratch_keep(old)
+        assert c.downsample(XYZ32, data, 0.1).data == want  # scratch kept
+        _native.release_scratch()
+        assert c.downsample(XYZ32, data, 0.1).data == want
+        with pytest.raises(ValueError):
+            _native.scratch_keep(-1)
+    finally:
+        _native.scratch_keep(old)
