@@ -94,7 +94,7 @@ def pack(layout: CloudLayout, xyz: np.ndarray, rng: np.random.Generator) -> byte
 
 SPECIAL = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e6, -1e6, 0.2, -0.2, 0.6, 123456.75]
 #: Large enough that floor(p / voxel) leaves int64 for the smaller voxel sizes drawn below.
-HUGE = [1e15, -3e16, 4e17, -2e18, 9.3e18, 3e20, -1e30]
+HUGE = [1e15, -3e16, 4e17, -2e18, 9.3e18, 3e20, -1e30, 3e38]
 
 
 @st.composite
@@ -288,8 +288,10 @@ def test_huge_and_negative_coordinates(decimator: Decimator) -> None:
         (np.array([[1e30, 0, 0]], dtype=np.float32), 1e-3),
         (np.array([[0, 0, -1e300]], dtype=np.float64), 1.0),
         (np.array([[0, 0, 0], [0, 9.3e18, 0]], dtype=np.float64), 1.0),
+        (np.array([[3e38, 0, 0]], dtype=np.float32), 0.05),  # p / v is inf in float32
+        (np.array([[-1e308, 0, 0]], dtype=np.float64), 1e-10),  # and in float64
     ],
-    ids=["f32", "f64", "just-over"],
+    ids=["f32", "f64", "just-over", "f32-inf", "f64-inf"],
 )
 def test_key_overflow_is_an_error(decimator: Decimator, xyz: np.ndarray, voxel: float) -> None:
     size = xyz.dtype.itemsize
