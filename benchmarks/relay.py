@@ -24,11 +24,17 @@ relay is the bottleneck. Compare latencies between targets of the same cell, not
 
 Process layout (2-core machines): the relay runs alone; the clients and the sink share this process
 and event loop. That keeps the closed loop exact (a sink arrival releases the window directly, no
-cross-process signal) and gives raw and bridge the same client and sink costs. Each cell reports
-the CPU used by the relay process and by this process (% of one core, from /proc and os.times):
-when the relay is near 100 % it is the bottleneck and the ratio is the relay's; when this process
-is the one near 100 %, the load side limits and the ratio flatters whichever target is slower.
-With 2 cores a third process for the sink would only oversubscribe the CPUs.
+cross-process signal) and gives raw and bridge the same client and sink costs. With 2 cores a
+third process for the sink would only oversubscribe the CPUs.
+
+CPU columns (% of one core over the measured window, from /proc): ``relay`` is the relay or bridge
+process, ``us/msg`` its CPU time per message (its cost, which stays meaningful when something else
+limits the rate), ``bench`` this process, ``other`` the rest of the machine. When the relay is near
+100 % it is the bottleneck and the ratio is the relay's; when ``bench`` is, the load side limits
+and a raw rate is only a lower bound (the footer says so); a large ``other`` means the machine was
+busy and the row is noise. The environment passes through to every process: glibc's malloc
+settings (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) change the 1.2 MB results a lot,
+so the header and the JSON record them.
 
 Each cell runs ``--warmup`` seconds (first touch of memory is slow here; DESIGN §8), then
 ``--seconds``; msgs/s is the median of the per-slice rates over the measured window (robust to a
@@ -47,6 +53,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import platform
 import signal
@@ -586,7 +593,7 @@ class ServerProcess:
             self._log = None
 
 
-def bridge_process(sink: str) -> ServerProcess:
+def bridge_process(sink: str, extra: Sequence[str] = ()) -> ServerProcess:
     cmd = [
         *(sys.executable, "-m", "bridge.cli", "serve", "--host", "127.0.0.1"),
         *("--ws-port", "0", "--grpc-port", "0", "--http-port", "0"),
@@ -595,6 +602,7 @@ def bridge_process(sink: str) -> ServerProcess:
         # Each cell connects new devices; their detached sessions would otherwise keep a share of
         # the ring budget for 5 minutes and shrink the rings of later cells.
         *("--session-ttl-seconds", "1", "--log-level", "WARNING"),
+        *extra,
     ]
     return ServerProcess("bridge", cmd, "SIMBRIDGE_READY")
 
@@ -616,6 +624,7 @@ class BenchConfig:
     seconds: float = 3.0
     warmup: float = 1.0
     window: int = 8
+    bridge_args: Sequence[str] = ()  # extra ``simbridge serve`` flags (to try a setting)
 
 
 @dataclass
@@ -632,7 +641,9 @@ class CellResult:
     p50_ms: float
     p99_ms: float
     relay_cpu_pct: float
+    relay_us_per_msg: float  # relay CPU per message: its cost, whatever else limits the rate
     bench_cpu_pct: float
+    other_cpu_pct: float  # the rest of the machine (other processes, steal): noise to judge by
     sent: int
     completed: int
     sink_received: int
@@ -663,7 +674,7 @@ class Bench:
         self.sink.reserve_port()
         wanted = {t.split("-")[0] if t.startswith("bridge") else t for t in self.config.targets}
         makers = {
-            "bridge": lambda: bridge_process(self.sink.address),
+            "bridge": lambda: bridge_process(self.sink.address, self.config.bridge_args),
             "raw-ws": lambda: raw_relay_process("ws", self.sink.address),
             "raw-grpc": lambda: raw_relay_process("grpc", self.sink.address),
         }
@@ -730,16 +741,15 @@ class Bench:
         stop = asyncio.Event()
         senders: list[asyncio.Task[None]] = []
         t0 = t1 = 0
-        relay_cpu = bench_cpu = float("nan")
+        cpu: dict[str, float] = {}
         try:
             await asyncio.gather(*(c.open(address) for c in clients))
             senders = [asyncio.create_task(c.send_loop(stop)) for c in clients]
             await asyncio.sleep(cfg.warmup)
-            cpu0, own0, t0 = server.cpu_seconds(), _own_cpu(), time.time_ns()
+            before, t0 = _cpu_seconds(server), time.time_ns()
             await asyncio.sleep(cfg.seconds)
-            cpu1, own1, t1 = server.cpu_seconds(), _own_cpu(), time.time_ns()
-            wall = (t1 - t0) / 1e9
-            relay_cpu, bench_cpu = 100 * (cpu1 - cpu0) / wall, 100 * (own1 - own0) / wall
+            after, t1 = _cpu_seconds(server), time.time_ns()
+            cpu = {k: 100 * (after[k] - before[k]) / ((t1 - t0) / 1e9) for k in before}
             stop.set()
             errors += await self._drain(cell, senders)
         except Exception as exc:  # a failed cell is reported, the run goes on
@@ -757,7 +767,7 @@ class Bench:
             errors += conn.errors
         if cell.stray:
             errors.append(f"{cell.stray} arrivals from unknown connections")
-        return summarize(target, payload, cell, cfg, t0, t1, relay_cpu, bench_cpu, errors)
+        return summarize(target, payload, cell, cfg, t0, t1, cpu, errors)
 
     async def _drain(self, cell: Cell, senders: list[asyncio.Task[None]]) -> list[str]:
         """After stop: every sent message must reach the sink (closed loop: the senders return
@@ -770,9 +780,18 @@ class Bench:
         return []
 
 
-def _own_cpu() -> float:
+def _cpu_seconds(server: ServerProcess) -> dict[str, float]:
+    """CPU seconds so far of the relay, of this process and of everything else on the machine
+    (busy time from /proc/stat, steal included, minus the two)."""
     times = os.times()
-    return times.user + times.system
+    own = times.user + times.system
+    relay = server.cpu_seconds()
+    try:
+        ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
+    except (OSError, ValueError, IndexError):
+        busy = float("nan")
+    return {"relay": relay, "own": own, "other": busy - relay - own}
 
 
 def summarize(
@@ -782,8 +801,7 @@ def summarize(
     cfg: BenchConfig,
     t0: int,
     t1: int,
-    relay_cpu: float,
-    bench_cpu: float,
+    cpu: dict[str, float],
     errors: list[str],
 ) -> CellResult:
     arrivals = np.asarray(cell.arrivals, dtype=np.int64)
@@ -808,14 +826,21 @@ def summarize(
         mb_per_s=rate * payload.wire_bytes / 1e6,
         p50_ms=p50,
         p99_ms=p99,
-        relay_cpu_pct=relay_cpu,
-        bench_cpu_pct=bench_cpu,
+        relay_cpu_pct=cpu.get("relay", nan),
+        relay_us_per_msg=cpu.get("relay", nan) * 1e4 / mean if mean > 0 else nan,
+        bench_cpu_pct=cpu.get("own", nan),
+        other_cpu_pct=_non_negative(cpu.get("other", nan)),
         sent=cell.sent,
         completed=cell.completed,
         sink_received=cell.sink_received,
         backpressure_pauses=sum(c.backpressure for c in cell.conns),
         errors=errors,
     )
+
+
+def _non_negative(value: float) -> float:
+    """Clamp rounding noise below zero; keep NaN (unknown) as NaN."""
+    return value if math.isnan(value) else max(0.0, value)
 
 
 def attach_ratios(results: list[CellResult]) -> None:
@@ -830,17 +855,18 @@ def attach_ratios(results: list[CellResult]) -> None:
 # -- output ----------------------------------------------------------------------------------
 
 HEADER = (
-    f"{'size':<6} {'conns':>5}  {'target':<12} {'msgs/s':>9} {'MB/s':>8} {'p50 ms':>8} "
-    f"{'p99 ms':>8} {'relay CPU':>9} {'bench CPU':>9} {'bridge/raw':>10}"
+    f"{'size':<6} {'conns':>5}  {'target':<12} {'msgs/s':>8} {'MB/s':>7} {'p50 ms':>8} "
+    f"{'p99 ms':>8} {'relay':>6} {'us/msg':>7} {'bench':>6} {'other':>6} {'bridge/raw':>10}"
 )
 
 
 def format_row(r: CellResult) -> str:
-    ratio = f"{r.ratio:10.2f}" if r.ratio is not None else " " * 10
+    ratio = f"{r.ratio:10.2f}" if r.ratio is not None else ""
     line = (
-        f"{r.size:<6} {r.conns:>5}  {r.target:<12} {r.msgs_per_s:9.1f} {r.mb_per_s:8.1f} "
-        f"{r.p50_ms:8.2f} {r.p99_ms:8.2f} {r.relay_cpu_pct:8.0f}% {r.bench_cpu_pct:8.0f}% {ratio}"
-    )
+        f"{r.size:<6} {r.conns:>5}  {r.target:<12} {r.msgs_per_s:8.1f} {r.mb_per_s:7.1f} "
+        f"{r.p50_ms:8.2f} {r.p99_ms:8.2f} {r.relay_cpu_pct:5.0f}% {r.relay_us_per_msg:7.0f} "
+        f"{r.bench_cpu_pct:5.0f}% {r.other_cpu_pct:5.0f}% {ratio}"
+    ).rstrip()
     if r.errors:
         line += f"  ERRORS: {len(r.errors)} (first: {r.errors[0]})"
     return line
@@ -853,12 +879,25 @@ def report_header(cfg: BenchConfig) -> str:
             f"closed loop, window {cfg.window} msgs/conn; {cfg.warmup:g} s warm-up + "
             f"{cfg.seconds:g} s per cell; msgs/s = median of slice rates; "
             "latency = client send -> sink arrival",
-            "CPU = % of one core (relay = relay/bridge process, bench = clients + sink); "
-            f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
+            "CPU in % of one core: relay = the relay/bridge process (us/msg: its CPU time per "
+            "message), bench = clients + sink, other = the rest of the machine",
+            f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
+            f"grpcio {grpc.__version__}, malloc env: "
+            f"{' '.join(f'{k}={v}' for k, v in _malloc_env().items()) or 'default'}",
             "",
             HEADER,
         ]
     )
+
+
+SATURATED = 95.0
+BUSY_MACHINE = 25.0
+
+
+def _malloc_env() -> dict[str, str]:
+    """glibc malloc settings passed to every process: they change the 1.2 MB results a lot
+    (freed large buffers returned to the kernel are page-faulted in again on the next message)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
 
 
 def report_footer(results: list[CellResult]) -> str:
@@ -871,6 +910,19 @@ def report_footer(results: list[CellResult]) -> str:
             "1.2MB bridge/raw msgs/s: "
             + ", ".join(f"{r.target.split('-')[1]} x{r.conns} {r.ratio:.2f}" for r in ratios)
             + f"  (target >= 0.6: {verdict})"
+        )
+    # Caveats the numbers carry, said next to them rather than left to the reader.
+    capped = [r for r in results if r.target.startswith("raw") and r.bench_cpu_pct >= SATURATED]
+    if capped:
+        lines.append(
+            f"note: the load side (bench) used >= {SATURATED:.0f}% of a core in {len(capped)} raw "
+            "cell(s): there the raw rate is a lower bound and the ratio an upper bound"
+        )
+    busy = [r for r in results if r.other_cpu_pct >= BUSY_MACHINE]
+    if busy:
+        lines.append(
+            f"note: other work used >= {BUSY_MACHINE:.0f}% of a core during {len(busy)} cell(s); "
+            "those rows are noisy, rerun on a quiet machine"
         )
     failed = [r for r in results if r.errors]
     if failed:
@@ -900,6 +952,7 @@ def write_json(path: Path, results: list[CellResult], cfg: BenchConfig) -> None:
             "python": platform.python_version(),
             "grpcio": grpc.__version__,
             "platform": platform.platform(),
+            "malloc_env": _malloc_env(),
         },
         "cells": [asdict(r) for r in results],
     }
@@ -935,10 +988,19 @@ def parse_args(argv: Sequence[str] | None) -> tuple[BenchConfig, Path | None]:
         "--quick", action="store_true", help="smoke matrix: 1KB and 1.2MB, 1 connection"
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the results here")
+    parser.add_argument(
+        "--bridge-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="extra simbridge serve flag, repeatable: --bridge-arg=--ack-interval-seconds=0.01",
+    )
     ns = parser.parse_args(argv)
     if ns.seconds <= 0 or ns.warmup < 0 or ns.window < 1:
         parser.error("--seconds > 0, --warmup >= 0 and --window >= 1 please")
-    cfg = BenchConfig(seconds=ns.seconds, warmup=ns.warmup, window=ns.window)
+    cfg = BenchConfig(
+        seconds=ns.seconds, warmup=ns.warmup, window=ns.window, bridge_args=ns.bridge_arg
+    )
     if ns.quick:
         cfg.sizes, cfg.conns = QUICK_SIZES, QUICK_CONNS
     cfg.sizes = ns.sizes or cfg.sizes
