@@ -318,22 +318,42 @@ register(
 
 
 # ---------------------------------------------------------------------------------------------
-# placeholders for the next issue
+# scenario runner (loadgen/demo.py): demo, run, report
 
-
-def _not_yet(args: argparse.Namespace) -> int:
-    _print(f"{args.command}: not yet implemented", sys.stderr)
-    return 2
-
+from loadgen import demo as _scen  # noqa: E402
 
 register(
     Command(
         name="demo",
-        help="local end-to-end demo: bridge + sink + publisher (not yet implemented)",
-        description="Start a bridge, a sink and a publisher on this machine and show the "
-        "bridge adapting to a live resize. Not yet implemented.",
-        configure=lambda p: None,
-        run=_not_yet,
+        help="local end-to-end demo: in-place resize vs restart, side by side (`make run`)",
+        description="Start a bridge, a sink and edges on this machine with the built-in demo "
+        "scenario (about 90 s): six in-place resizes, then the same plan as restarts. Prints "
+        "the comparison and writes the JSON report and the PNG under --out.",
+        configure=_scen.configure_demo,
+        run=_scen.demo_command,
+    )
+)
+register(
+    Command(
+        name="run",
+        help="run a scenario (file or --builtin) in place, then the restart baseline",
+        description="Run a load scenario against a child bridge: edges publish open loop while "
+        "the resize plan is applied in place (backend local, kubesim or kubectl), then, unless "
+        "--baseline none, the same plan by restarting the bridge. Frames lost, duplicated, "
+        "reordered, stalls, latency and time-to-adapt are accounted per phase from the sink's "
+        "record; the report (JSON + PNG) goes to --out.",
+        configure=_scen.configure_run,
+        run=_scen.run_command,
+    )
+)
+register(
+    Command(
+        name="report",
+        help="re-render the table and the PNG of a saved report JSON",
+        description="Validate FILE.json against loadgen/report.schema.json, print the "
+        "in-place vs restart table and write the PNG next to it (or to --png).",
+        configure=_scen.configure_report,
+        run=_scen.report_command,
     )
 )
 

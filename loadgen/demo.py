@@ -1,0 +1,193 @@
+"""``simbridge-loadgen demo | run | report``: the scenario runner from the command line.
+
+Why ``demo`` exists apart from ``run``: ``make run`` must work on a fresh machine with nothing to
+choose, so it is ``run --builtin demo`` with the defaults fixed (local backend, restart baseline,
+reports under ``reports/``), printing the comparison and where the files are. The handlers here
+are registered in :mod:`loadgen.cli`'s command registry; like every handler there, they return
+an exit code and never call ``sys.exit``.
+
+Exit codes: 0 done (also when the numbers are bad: the report says so), 1 the run itself failed
+(the bridge did not start, a backend is unavailable), 2 a bad scenario or argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from loadgen import report as report_mod
+from loadgen.resize import BACKENDS
+from loadgen.scenario import BUILTINS, Scenario, ScenarioError, builtin, load
+
+
+class _Progress:
+    """A one-line live status (rich) while a run is going; nothing when quiet or not a tty."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.live: Any = None
+        if not enabled:
+            return
+        try:
+            from rich.console import Console
+            from rich.live import Live
+        except ImportError:
+            return
+        console = Console(stderr=True)
+        if not console.is_terminal:
+            return
+        self.live = Live("", console=console, refresh_per_second=4, transient=True)
+
+    def __enter__(self) -> _Progress:
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def update(self, snap: dict[str, Any]) -> None:
+        if self.live is None:
+            return
+        from rich.text import Text
+
+        line = (
+            f"[{snap['mode']}] {snap['elapsed_s']:5.1f}/{snap['duration_s']:g} s  "
+            f"published {snap['published']}  delivered {snap['delivered']}  "
+            f"dup {snap['duplicates']}  disconnects {snap['disconnects']}  "
+            f"resizes {snap['resizes_done']}/{snap['resizes']}  {snap['phase']}"
+        )
+        self.live.update(Text(line))
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    if not args.quiet:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _scenario(args: argparse.Namespace) -> Scenario:
+    if args.scenario and args.builtin:
+        raise ScenarioError("arguments", ["give a scenario file or --builtin, not both"])
+    if args.scenario:
+        return load(args.scenario)
+    return builtin(args.builtin or "demo")
+
+
+def _execute(args: argparse.Namespace, s: Scenario) -> int:
+    from loadgen.plot import render
+    from loadgen.runner import run_scenario
+
+    out = Path(args.out)
+    _say(args, f"scenario {s.summary()}")
+    _say(args, f"backend {args.backend}; reports in {out}/")
+    started = time.monotonic()
+    with _Progress(not args.quiet) as progress:
+        try:
+            rep = asyncio.run(
+                run_scenario(
+                    s,
+                    out,
+                    backend=args.backend,
+                    baseline=args.baseline,
+                    real_cpu=not args.no_real_cpu,
+                    progress=progress.update,
+                )
+            )
+        except (RuntimeError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    rep["wall_s"] = round(time.monotonic() - started, 1)
+    stem = f"{s.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    json_path = report_mod.write(rep, out, stem)
+    png_path = render(rep, out / f"{stem}.png")
+    if args.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        report_mod.print_report(rep)
+        print(f"\nreport: {json_path}\nplot:   {png_path}\nwall time {rep['wall_s']} s")
+    return 0
+
+
+def configure_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "scenario", nargs="?", help="scenario file (.yaml/.toml/.json); see loadgen/scenarios/"
+    )
+    p.add_argument(
+        "--builtin", choices=BUILTINS, help="a built-in scenario instead of a file (default demo)"
+    )
+    _common(p)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="local",
+        help="how in-place resizes reach the bridge: local = write the cgroup files it reads "
+        "(+ a real CPU cgroup as root); kubesim = PATCH /resize on the local Kubernetes stand-in; "
+        "kubectl = kubectl patch --subresource resize against the stand-in (default %(default)s)",
+    )
+    p.add_argument(
+        "--baseline",
+        choices=("restart", "none"),
+        default=None,
+        help="also run the same plan as restarts (default: the scenario's 'baseline')",
+    )
+    p.add_argument(
+        "--out", default="reports", metavar="DIR", help="report directory (default %(default)s)"
+    )
+    p.add_argument(
+        "--no-real-cpu",
+        action="store_true",
+        help="do not throttle the bridge through a real cgroup CPU controller",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress display (for CI)")
+    p.add_argument("--json", action="store_true", help="print the report JSON instead of tables")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        s = _scenario(args)
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return _execute(args, s)
+
+
+def configure_demo(p: argparse.ArgumentParser) -> None:
+    _common(p)
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    s = builtin("demo")
+    return _execute(args, s)
+
+
+def configure_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="a report JSON written by `run` or `demo`")
+    p.add_argument("--png", metavar="FILE", help="write the plot here (default: next to FILE)")
+    p.add_argument("--no-png", action="store_true", help="only print the table")
+
+
+def report_command(args: argparse.Namespace) -> int:
+    try:
+        rep = report_mod.load(args.file)
+        report_mod.validate(rep)
+    except (OSError, ValueError) as exc:
+        print(f"error: {args.file}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # jsonschema.ValidationError and friends
+        print(f"error: {args.file} does not match the report schema: {exc}", file=sys.stderr)
+        return 2
+    report_mod.print_report(rep)
+    if not args.no_png:
+        from loadgen.plot import render
+
+        png = Path(args.png) if args.png else Path(args.file).with_suffix(".png")
+        print(f"\nplot: {render(rep, png)}")
+    return 0

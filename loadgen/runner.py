@@ -1,0 +1,692 @@
+"""The scenario runner: one bridge, one sink, K edges, a resize plan; in place or by restart.
+
+Why the pieces are where they are: the bridge is a real child process (``simbridge serve``), so a
+restart is a real process exit and the CPU throttle acts on it alone; the sink and the edges run
+in this process on one event loop, so the sink's record (the source of truth for delivery) and
+the edges' publish log share one wall clock. Edges publish open loop on a fixed schedule; each
+frame's scheduled send time is logged, so latency counts from when it *should* have left and a
+stalled bridge cannot hide by slowing the schedule down.
+
+A run (:func:`run_mode`) goes: write the initial limits, start sink and bridge, wait until the
+bridge's plan reflects them (``/debug/resources``), connect the edges, publish for the scenario's
+duration while a timer applies each resize step, wait for delivery, stop everything, then account
+per phase from the sink's record (:mod:`loadgen.phases`). In ``in-place`` mode a step goes through
+a resize backend (:mod:`loadgen.resize`) and the step is *adapted* when the bridge's applied plan
+shows the new limits; in ``restart`` mode the same step stops the bridge (SIGTERM: it drains and
+sends Drain to the edges) and starts a new one with the new limits on the same ports, the way
+limits changed before in-place resize existed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from loadgen import phases
+from loadgen.clouds import Open3DUnavailable, load_cloud, synthetic
+from loadgen.edge import EdgeClient, PreparedPayload, StreamConfig
+from loadgen.record import FrameRecord, decode
+from loadgen.resize import Applied, LocalBackend, make_backend
+from loadgen.scenario import ResizeStep, Scenario
+from loadgen.sink import SinkServer
+
+MODES = ("in-place", "restart")
+#: a memory decrease "below usage" targets at least this much below the usage at that moment
+BELOW_USAGE_MARGIN = 2 << 20
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+# ---------------------------------------------------------------------------------------------
+# The bridge as a child process
+
+
+class BridgeChild:
+    """``python -m bridge.cli serve`` with its stderr in a log file; ports from its READY line."""
+
+    def __init__(self, proc: subprocess.Popen[str], log: IO[str], log_path: Path) -> None:
+        self.proc = proc
+        self.log = log
+        self.log_path = log_path
+        self.ws = self.grpc = self.http = 0
+
+    @classmethod
+    async def start(
+        cls, env: dict[str, str], log_path: Path, ports: tuple[int, int, int] = (0, 0, 0)
+    ) -> BridgeChild:
+        cmd = [sys.executable, "-m", "bridge.cli", "serve", "--host", "127.0.0.1"]
+        cmd += ["--ws-port", str(ports[0]), "--grpc-port", str(ports[1])]
+        cmd += ["--http-port", str(ports[2])]
+        log = log_path.open("a")
+        proc = subprocess.Popen(  # noqa: ASYNC220  (spawning does not block; reads go to threads)
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env={**os.environ, **env},
+            start_new_session=True,  # a Ctrl-C at the console reaches us, not the bridge
+        )
+        child = cls(proc, log, log_path)
+        assert proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        except TimeoutError:
+            line = ""
+        if not line.startswith("SIMBRIDGE_READY"):
+            child.kill()
+            raise RuntimeError(
+                f"bridge did not start ({line.strip()!r}); log: {log_path}\n"
+                + log_path.read_text()[-2000:]  # noqa: ASYNC240  (failure path, small file)
+            )
+        kv = dict(item.split("=", 1) for item in line.split()[1:])
+        child.ws, child.grpc, child.http = int(kv["ws"]), int(kv["grpc"]), int(kv["http"])
+        return child
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def ports(self) -> tuple[int, int, int]:
+        return self.ws, self.grpc, self.http
+
+    async def stop(self, timeout: float = 30.0) -> int:  # noqa: ASYNC109
+        """SIGTERM (drain, then exit 0); SIGKILL if it does not exit within ``timeout``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout)
+            except TimeoutError:
+                self.kill()
+        self._close_files()
+        return self.proc.returncode if self.proc.returncode is not None else -9
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._close_files()
+
+    def _close_files(self) -> None:
+        if self.proc.stdout is not None and not self.proc.stdout.closed:
+            self.proc.stdout.close()
+        if not self.log.closed:
+            self.log.close()
+
+    async def resources(self) -> dict[str, Any]:
+        """GET /debug/resources (the applied plan and where each value came from)."""
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", self.http), 2.0
+        )
+        try:
+            writer.write(b"GET /debug/resources HTTP/1.1\r\nHost: bridge\r\n\r\n")
+            await writer.drain()
+            raw = await asyncio.wait_for(reader.read(), 2.0)
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+        body = raw.split(b"\r\n\r\n", 1)[1]
+        data: dict[str, Any] = json.loads(body)
+        return data
+
+
+def plan_of(resources: dict[str, Any]) -> dict[str, Any]:
+    """The applied plan's values (``{"workers": 2, ...}``) from a /debug/resources body."""
+    plan = (resources.get("adapter") or {}).get("plan") or {}
+    return {k: v["value"] for k, v in plan.items() if isinstance(v, dict) and "value" in v}
+
+
+def plan_matches(plan: dict[str, Any], cpu: float | None, memory: int | None) -> bool:
+    if cpu is not None:
+        have = plan.get("cpu_limit_cores")
+        if have is None or abs(have - cpu) > 1e-6:
+            return False
+    return memory is None or plan.get("memory_limit_bytes") == memory
+
+
+async def wait_adapted(
+    bridge: BridgeChild,
+    cpu: float | None,
+    memory: int | None,
+    timeout: float,  # noqa: ASYNC109
+) -> tuple[int | None, dict[str, Any]]:
+    """Poll /debug/resources every 20 ms until the applied plan shows the limits; return the
+    wall time (ns) it was first seen and the plan (None and the last plan on timeout)."""
+    deadline = time.monotonic() + timeout
+    plan: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, TimeoutError, ValueError, IndexError):
+            plan = plan_of(await bridge.resources())
+            if plan_matches(plan, cpu, memory):
+                return time.time_ns(), plan
+        await asyncio.sleep(0.02)
+    return None, plan
+
+
+# ---------------------------------------------------------------------------------------------
+# Payloads
+
+
+def prepare_clouds(s: Scenario) -> tuple[list[PreparedPayload], str]:
+    """The clouds the edges replay, and a sentence saying what they are. Files need Open3D;
+    without it the run uses synthetic clouds and says so (visible, not fatal)."""
+    if s.clouds:
+        files = s.cloud_files()
+        try:
+            loaded = [load_cloud(f) for f in files]
+            pts = sum(c.num_points for c in loaded) // max(1, len(loaded))
+            return [PreparedPayload.of(c.to_proto()) for c in loaded], (
+                f"{len(loaded)} file(s) replayed in a loop ({pts} points on average): "
+                + ", ".join(Path(f).name for f in files)
+            )
+        except Open3DUnavailable as exc:
+            note = f"SKIPPED cloud files (Open3D unavailable: {exc}); synthetic instead: "
+        except (OSError, ValueError) as exc:
+            note = f"SKIPPED cloud files ({exc}); synthetic instead: "
+    else:
+        note = ""
+    payloads = [
+        PreparedPayload.of(synthetic(s.points, s.seed + k, color=s.color).to_proto())
+        for k in range(4)
+    ]
+    kind = "xyz+rgb" if s.color else "xyz+intensity"
+    return payloads, note + f"synthetic lidar, {s.points} points ({kind}, seed {s.seed})"
+
+
+# ---------------------------------------------------------------------------------------------
+# One run
+
+
+@dataclass
+class StepRecord:
+    index: int
+    step: ResizeStep
+    applied: Applied | None = None
+    adapted_ns: int | None = None
+    plan: dict[str, Any] = field(default_factory=dict)
+    restart_exit_code: int | None = None
+    error: str | None = None
+
+    def as_dict(self, t0_ns: int) -> dict[str, Any]:
+        a = self.applied
+
+        def rel(ns: int | None) -> float | None:
+            return None if ns is None else round((ns - t0_ns) / 1e9, 4)
+
+        tta = None
+        if a is not None and a.written_ns is not None and self.adapted_ns is not None:
+            tta = round(max(0, self.adapted_ns - a.written_ns) / 1e6, 3)
+        return {
+            "index": self.index,
+            "at_s": self.step.at_s,
+            "cpu": a.target_cpu if a else self.step.cpu,
+            "memory_bytes": a.target_memory if a else self.step.memory,
+            "below_usage": self.step.memory_below_usage,
+            "usage_at_request_bytes": a.usage_at_request if a else None,
+            "requested_s": rel(a.requested_ns if a else None),
+            "written_s": rel(a.written_ns if a else None),
+            "adapted_s": rel(self.adapted_ns),
+            "time_to_adapt_ms": tta,
+            "held": bool(a and a.held),
+            "hold_s": a.hold_s if a else None,
+            "resolved": bool(a and a.resolved and self.adapted_ns is not None),
+            "plan": {
+                k: self.plan.get(k)
+                for k in ("workers", "ring_budget_bytes", "cpu_limit_cores", "memory_limit_bytes")
+            },
+            "restart_exit_code": self.restart_exit_code,
+            "notes": (a.notes if a else []) + ([self.error] if self.error else []),
+        }
+
+
+class Run:
+    """State of one run (one mode) of a scenario."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        mode: str,
+        out_dir: Path,
+        *,
+        backend: str = "local",
+        real_cpu: bool = True,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        self.s = scenario
+        self.mode = mode
+        self.out_dir = out_dir
+        self.backend_name = backend if mode == "in-place" else "local"
+        self.real_cpu = real_cpu
+        self.progress = progress
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"simbridge-{mode}-"))
+        self.backend: LocalBackend = make_backend(
+            self.backend_name, self.tmp / "cgroup", real_cpu=real_cpu
+        )
+        self.sink: SinkServer | None = None
+        self.bridge: BridgeChild | None = None
+        self.edges: list[EdgeClient] = []
+        self.published: list[tuple[str, str, int, int]] = []
+        self.disconnects_ns: list[int] = []
+        self.steps = [StepRecord(i, st) for i, st in enumerate(scenario.resizes)]
+        self.bridge_exit_codes: list[int] = []
+        self.record_path = out_dir / f"{scenario.name}-{mode}-sink.jsonl"
+        self.log_path = out_dir / f"{scenario.name}-{mode}-bridge.log"
+        self.phase = "starting"
+        self.t0_ns = 0
+        self.t_end_ns = 0
+        self.cloud_note = ""
+        self.initial_tta_ms: float | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _bridge_env(self) -> dict[str, str]:
+        env = {f"BRIDGE_{k.upper()}": str(v) for k, v in self.s.bridge.items()}
+        env.update(self.backend.env())
+        assert self.sink is not None
+        env.update(
+            BRIDGE_ADAPT="true",
+            BRIDGE_SINK_ADDRESS=self.sink.address,
+            BRIDGE_SINK_BACKOFF_INITIAL_SECONDS="0.05",
+            BRIDGE_SINK_BACKOFF_MAX_SECONDS="0.5",
+            BRIDGE_LOG_LEVEL="INFO",
+        )
+        return env
+
+    async def _start_bridge(self, ports: tuple[int, int, int] = (0, 0, 0)) -> BridgeChild:
+        bridge = await BridgeChild.start(self._bridge_env(), self.log_path, ports)
+        self.backend.attach(bridge.pid)
+        self.bridge = bridge
+        return bridge
+
+    async def execute(self) -> dict[str, Any]:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        for p in (self.record_path, self.log_path):
+            p.unlink(missing_ok=True)
+        payloads, self.cloud_note = await asyncio.to_thread(prepare_clouds, self.s)
+        try:
+            await self.backend.start(self.s.initial_cpu, self.s.initial_memory)
+            self.sink = SinkServer(record_path=self.record_path, fsync=False)
+            await self.sink.start()
+            t_start = time.time_ns()
+            bridge = await self._start_bridge()
+            adapted, _ = await wait_adapted(
+                bridge, self.s.initial_cpu, self.s.initial_memory, self.s.adapt_timeout_s
+            )
+            if adapted is None:
+                raise RuntimeError("the bridge never planned for the initial limits")
+            self.initial_tta_ms = round((adapted - t_start) / 1e6, 1)
+            await self._connect_edges(bridge)
+            await self._publish_and_resize(payloads)
+            return await self._finish()
+        finally:
+            await self._cleanup()
+
+    async def _connect_edges(self, bridge: BridgeChild) -> None:
+        specs = [
+            StreamConfig(f"lidar{i}", voxel_size=self.s.voxel_size)
+            for i in range(self.s.streams_per_edge)
+        ]
+        if self.s.telemetry:
+            specs.append(StreamConfig("telemetry", kind="telemetry"))
+        for i in range(self.s.edges):
+            transport = self.s.transport_of(i)
+            url = bridge_url(transport, bridge)
+            self.edges.append(
+                EdgeClient(
+                    transport,  # type: ignore[arg-type]
+                    url,
+                    f"edge-{i:03d}-{transport}",
+                    specs,
+                    resend_buffer_frames=1_000_000,
+                    resend_buffer_bytes=8 << 30,
+                    seed=self.s.seed + i,
+                )
+            )
+        await asyncio.gather(*(e.start(timeout=30) for e in self.edges))
+
+    async def _publish_and_resize(self, payloads: list[PreparedPayload]) -> None:
+        loop = asyncio.get_running_loop()
+        t0_mono = loop.time() + 0.1
+        self.t0_ns = time.time_ns() + 100_000_000
+        tasks = [
+            asyncio.create_task(self._drive(i, e, t0_mono, payloads), name=f"drive-{i}")
+            for i, e in enumerate(self.edges)
+        ]
+        resizer = asyncio.create_task(self._resize_plan(t0_mono), name="resize-plan")
+        watcher = asyncio.create_task(self._watch(), name="watch")
+        try:
+            await asyncio.gather(*tasks)
+            self.phase = "finishing resizes"
+            await resizer
+        finally:
+            self.t_end_ns = self.t0_ns + int(self.s.duration_s * 1e9)
+            for t in (*tasks, resizer):
+                t.cancel()
+            await asyncio.gather(*tasks, resizer, return_exceptions=True)
+            self.phase = "draining"
+            await asyncio.gather(*(e.wait_delivered(self.s.drain_s) for e in self.edges))
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            self._sample_disconnects()
+
+    async def _drive(
+        self, index: int, edge: EdgeClient, t0_mono: float, payloads: list[PreparedPayload]
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        period = 1.0 / self.s.rate_hz
+        stagger = index * period / len(self.edges)
+        streams = [f"lidar{k}" for k in range(self.s.streams_per_edge)]
+        dev = edge.device_id
+        for tick in range(int(self.s.duration_s * self.s.rate_hz)):
+            offset = stagger + tick * period
+            delay = t0_mono + offset - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            scheduled_ns = self.t0_ns + int(offset * 1e9)
+            for k, sid in enumerate(streams):
+                cloud = payloads[(tick + k + index) % len(payloads)]
+                seq = await edge.publish(sid, cloud, capture_time_ns=scheduled_ns)
+                self.published.append((dev, sid, seq, scheduled_ns))
+            if self.s.telemetry:
+                values = {"tick": float(tick), "speed_mps": 5.0 + (tick % 10) / 10.0}
+                seq = await edge.publish("telemetry", values, capture_time_ns=scheduled_ns)
+                self.published.append((dev, "telemetry", seq, scheduled_ns))
+
+    def _sample_disconnects(self) -> None:
+        now = time.time_ns()
+        total = sum(e.stats.disconnects for e in self.edges)
+        while len(self.disconnects_ns) < total:
+            self.disconnects_ns.append(now)
+
+    async def _watch(self) -> None:
+        """Disconnect times (20 ms resolution) and the progress display."""
+        last_progress = 0.0
+        while True:
+            self._sample_disconnects()
+            now = time.monotonic()
+            if self.progress is not None and now - last_progress >= 0.25:
+                last_progress = now
+                self.progress(self.snapshot())
+            await asyncio.sleep(0.02)
+
+    def snapshot(self) -> dict[str, Any]:
+        t = self.sink.record.totals() if self.sink else {}
+        return {
+            "mode": self.mode,
+            "phase": self.phase,
+            "elapsed_s": max(0.0, (time.time_ns() - self.t0_ns) / 1e9) if self.t0_ns else 0.0,
+            "duration_s": self.s.duration_s,
+            "published": len(self.published),
+            "delivered": t.get("delivered", 0),
+            "duplicates": t.get("duplicates", 0),
+            "disconnects": len(self.disconnects_ns),
+            "resizes_done": sum(1 for st in self.steps if st.applied is not None),
+            "resizes": len(self.steps),
+        }
+
+    # -- the resize plan -------------------------------------------------------------------
+
+    async def _resize_plan(self, t0_mono: float) -> None:
+        loop = asyncio.get_running_loop()
+        for rec in self.steps:
+            delay = t0_mono + rec.step.at_s - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.phase = f"resize {rec.index + 1}/{len(self.steps)}: {rec.step.describe()}"
+            try:
+                if self.mode == "in-place":
+                    await self._in_place(rec)
+                else:
+                    await self._restart(rec)
+            except Exception as exc:  # recorded, and the run goes on: the report shows it
+                rec.error = f"{type(exc).__name__}: {exc}"
+            self.phase = "steady"
+
+    async def _memory_target(self, step: ResizeStep) -> int | None:
+        """``memory: usage`` = below the current usage by half of what the ring holds (at
+        least BELOW_USAGE_MARGIN): only the ring is the bridge's to give back."""
+        if not step.memory_below_usage:
+            return step.memory
+        ring = 0
+        if self.bridge is not None:
+            with contextlib.suppress(OSError, TimeoutError, ValueError, IndexError):
+                ring = int((await self.bridge.resources()).get("ring_occupancy_bytes", 0))
+        return max(16 << 20, self.backend.usage() - max(BELOW_USAGE_MARGIN, ring // 2))
+
+    async def _in_place(self, rec: StepRecord) -> None:
+        assert self.bridge is not None
+        memory = await self._memory_target(rec.step)
+        next_at = self._next_at(rec)
+        hold = min(self.s.hold_timeout_s, max(0.5, next_at - rec.step.at_s - 0.5))
+        rec.applied = await self.backend.apply(rec.step.cpu, memory, hold_timeout=hold)
+        if rec.applied.written_ns is not None:
+            rec.adapted_ns, rec.plan = await wait_adapted(
+                self.bridge, rec.step.cpu, memory, self.s.adapt_timeout_s
+            )
+            if rec.adapted_ns is None:
+                rec.error = (
+                    f"bridge plan did not show the new limits within {self.s.adapt_timeout_s:g} s"
+                )
+
+    def _next_at(self, rec: StepRecord) -> float:
+        if rec.index + 1 < len(self.steps):
+            return self.steps[rec.index + 1].step.at_s
+        return self.s.duration_s
+
+    async def _restart(self, rec: StepRecord) -> None:
+        """Evict and recreate: SIGTERM (drain), new limits, a new bridge on the same ports."""
+        assert self.bridge is not None
+        memory = await self._memory_target(rec.step)
+        applied = Applied(time.time_ns(), rec.step.cpu, memory, self.backend.usage())
+        rec.applied = applied
+        ports = self.bridge.ports
+        code = await self.bridge.stop()
+        rec.restart_exit_code = code
+        self.bridge_exit_codes.append(code)
+        self.backend.write_now(rec.step.cpu, memory)
+        applied.written_ns = time.time_ns()
+        bridge = await self._start_bridge(ports)
+        rec.adapted_ns, rec.plan = await wait_adapted(
+            bridge, rec.step.cpu, memory, self.s.adapt_timeout_s
+        )
+
+    # -- the end ---------------------------------------------------------------------------
+
+    async def _finish(self) -> dict[str, Any]:
+        self.phase = "accounting"
+        edge_totals = edge_summary(self.edges)
+        for e in self.edges:
+            await e.close()
+        if self.bridge is not None:
+            self.bridge_exit_codes.append(await self.bridge.stop())
+            self.bridge = None
+        assert self.sink is not None
+        await self.sink.stop(grace=1.0)
+        records = await asyncio.to_thread(read_record, self.record_path)
+        windows = self.windows()
+        start = windows[0].start_ns if windows else self.t0_ns
+        results = phases.account(
+            self.published,
+            records,
+            [*windows, phases.Window("overall", "overall", 0, 2**63 - 1)],
+            publishing=(self.t0_ns, self.t_end_ns),
+            disconnects_ns=self.disconnects_ns,
+        )
+        overall = results.pop()
+        ttas = [
+            d["time_to_adapt_ms"]
+            for d in (st.as_dict(self.t0_ns) for st in self.steps)
+            if d["time_to_adapt_ms"] is not None
+        ]
+        sink_totals = self.sink.record.totals()
+        return {
+            "mode": self.mode,
+            "backend": self.backend_name,
+            "cpu_throttle": self.backend.cpu_throttle,
+            "clouds": self.cloud_note,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.t0_ns / 1e9)),
+            "duration_s": self.s.duration_s,
+            "initial_adapt_ms": self.initial_tta_ms,
+            "totals": {
+                **{k: overall[k] for k in _TOTAL_KEYS},
+                "disconnects": edge_totals["disconnects"],
+                "reconnects": edge_totals["reconnects"],
+                "resent": edge_totals["resent"],
+                "undelivered_at_end": edge_totals["undelivered"],
+            },
+            "time_to_adapt_ms": ttas_summary(ttas),
+            "phases": [
+                {
+                    **{k: v for k, v in r.items() if k not in ("start_ns", "end_ns")},
+                    "start_s": round((r["start_ns"] - self.t0_ns) / 1e9, 4),
+                    "end_s": round((r["end_ns"] - self.t0_ns) / 1e9, 4),
+                }
+                for r in results
+            ],
+            "resizes": [st.as_dict(self.t0_ns) for st in self.steps],
+            "timeline": phases.timeline(
+                self.published,
+                records,
+                start_ns=self.t0_ns,
+                end_ns=max(self.t_end_ns, start) + int(2e9),
+                disconnects_ns=self.disconnects_ns,
+            ),
+            "edges": edge_totals,
+            "sink": {
+                "totals": sink_totals,
+                "record": str(self.record_path),
+            },
+            "bridge": {"exit_codes": self.bridge_exit_codes, "log": str(self.log_path)},
+        }
+
+    def windows(self) -> list[phases.Window]:
+        """warmup, steady before, then per step its resize window and the steady after it."""
+        t0 = self.t0_ns
+        ws = [phases.Window("warmup", "warmup", t0 - 10**9, t0 + int(self.s.warmup_s * 1e9))]
+        cursor = ws[0].end_ns
+        label = "steady before"
+        for rec in self.steps:
+            a = rec.applied
+            if a is None:
+                continue
+            start = max(cursor, a.requested_ns)
+            stop = rec.adapted_ns
+            if stop is None:  # never adapted: the window runs until the next step
+                stop = t0 + int(self._next_at(rec) * 1e9)
+            stop = max(stop, start + 1)
+            ws.append(phases.Window(label, "steady", cursor, start))
+            ws.append(phases.Window(f"resize {rec.index + 1}", "resize", start, stop))
+            cursor = stop
+            label = f"after resize {rec.index + 1}"
+        ws.append(phases.Window(label, "steady", cursor, self.t_end_ns + 1))
+        return [w for w in ws if w.end_ns > w.start_ns]
+
+    async def _cleanup(self) -> None:
+        for e in self.edges:
+            with contextlib.suppress(Exception):
+                await e.close()
+        if self.bridge is not None:
+            self.bridge.kill()
+        if self.sink is not None:
+            with contextlib.suppress(Exception):
+                await self.sink.stop(grace=0)
+        with contextlib.suppress(Exception):
+            await self.backend.close()
+        await asyncio.to_thread(_rmtree, self.tmp)
+
+
+_TOTAL_KEYS = (
+    "published",
+    "delivered",
+    "lost",
+    "gap_frames",
+    "duplicates",
+    "reorders",
+    "max_loss_burst",
+    "latency_ms",
+    "max_stall_s",
+)
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def bridge_url(transport: str, bridge: BridgeChild) -> str:
+    if transport == "ws":
+        return f"ws://127.0.0.1:{bridge.ws}/v1/ingest"
+    return f"127.0.0.1:{bridge.grpc}"
+
+
+def edge_summary(edges: list[EdgeClient]) -> dict[str, Any]:
+    keys = ("published", "sent", "resent", "acked_delivered", "disconnects", "reconnects")
+    out: dict[str, Any] = {k: sum(getattr(e.stats, k) for e in edges) for k in keys}
+    out["drains"] = sum(e.stats.drains for e in edges)
+    out["connect_failures"] = sum(e.stats.connect_failures for e in edges)
+    out["undelivered"] = sum(e.core.buffered_frames for e in edges)
+    out["by_transport"] = {
+        t: sum(1 for e in edges if e.transport == t) for t in sorted({e.transport for e in edges})
+    }
+    return out
+
+
+def ttas_summary(values: list[float]) -> dict[str, Any]:
+    xs = sorted(values)
+    if not xs:
+        return {"count": 0, "p50": None, "max": None}
+    return {"count": len(xs), "p50": phases.percentile(xs, 50), "max": xs[-1]}
+
+
+def read_record(path: Path) -> list[tuple[FrameRecord, bool]]:
+    """The sink's JSON-lines record, in arrival order (duplicates marked)."""
+    out: list[tuple[FrameRecord, bool]] = []
+    if not path.exists():
+        return out
+    with path.open() as f:
+        for line in f:
+            if line.endswith("\n"):
+                out.append(decode(line))
+    return out
+
+
+async def run_scenario(
+    scenario: Scenario,
+    out_dir: Path,
+    *,
+    backend: str = "local",
+    baseline: str | None = None,
+    real_cpu: bool = True,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Run in place, then (unless the baseline is ``none``) the restart baseline; the report."""
+    from loadgen.report import SCHEMA_VERSION, host_info
+
+    baseline = baseline or scenario.baseline
+    modes = ["in-place"] + (["restart"] if baseline == "restart" else [])
+    runs = []
+    for mode in modes:
+        run = Run(scenario, mode, out_dir, backend=backend, real_cpu=real_cpu, progress=progress)
+        runs.append(await run.execute())
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "scenario": scenario.as_dict(),
+        "host": host_info(),
+        "runs": runs,
+    }
