@@ -139,6 +139,19 @@ class EdgeStats:
         return d
 
 
+async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended, without swallowing *our* cancellation.
+
+    ``with suppress(CancelledError): await task`` would also swallow a cancel aimed at the
+    caller: a cancelled reconnect loop would then carry on, and ``asyncio.run`` (or a test
+    runner) waiting for cancelled tasks would hang.
+    """
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: not logged as "never retrieved"
+
+
 # ---------------------------------------------------------------------------------------------
 # Sans-I/O core
 
@@ -605,9 +618,7 @@ class EdgeClient:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._conn.close(), 2.0)
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     def _notify(self) -> None:
         self._progress.set()
@@ -687,9 +698,7 @@ class EdgeClient:
                     return drain
             return None
         finally:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await sender
+            await cancel_and_wait(sender)
 
     def _handle(self, msg: pb.BridgeMessage) -> float | None:
         kind = msg.WhichOneof("kind")

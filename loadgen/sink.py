@@ -15,7 +15,6 @@ HTTP/2 backpressure on the bridge instead of unbounded memory here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +25,7 @@ import grpc
 
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
+from loadgen.edge import cancel_and_wait
 from loadgen.record import FrameRecord, RecordFile, SinkRecord, encode
 
 log = logging.getLogger(__name__)
@@ -197,9 +197,7 @@ class SinkServer:
                 log.info("push stream ended: %s", reader_task.exception())
         finally:
             self.active_push_streams -= 1
-            reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader_task
+            await cancel_and_wait(reader_task)
 
     def _watermark_ack(self) -> pb.SinkAck:
         return pb.SinkAck(
