@@ -100,6 +100,7 @@ _FLOW_TAG, _ERROR_TAG, _DRAIN_TAG = 0x1A, 0x22, 0x2A
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    """Protobuf base-128 varint at ``buf[i]``: (value, index after it)."""
     b = buf[i]
     if b < 0x80:
         return b, i + 1
@@ -445,8 +446,8 @@ class Client:
                     window.release()
                     return
                 seq += 1
+                conn.sent += 1  # counted before the await: the sink may see it before we resume
                 await write(encode(seq, clock()))
-                conn.sent += 1
                 if yield_after_send:
                     await asyncio.sleep(0)
         except (ConnectionClosed, grpc.aio.AioRpcError, ConnectionError) as exc:
@@ -667,6 +668,7 @@ class Bench:
         self.sink = BenchSink()
         self.servers: dict[str, ServerProcess] = {}
         self._cells = 0
+        self._stray_seen = 0
 
     async def __aenter__(self) -> Bench:
         # Children are forked before this process starts any gRPC thread (the sink), which gRPC's
@@ -736,8 +738,11 @@ class Bench:
         server, address = self._address(target)
         kind = WsClient if target.endswith("ws") else GrpcClient
         clients = [kind(cell, c, payload, bridge=target.startswith("bridge")) for c in cell.conns]
-        self.sink.cell = cell
         errors: list[str] = []
+        if self.sink.stray > self._stray_seen:
+            errors.append(f"{self.sink.stray - self._stray_seen} messages arrived between cells")
+            self._stray_seen = self.sink.stray
+        self.sink.cell = cell
         stop = asyncio.Event()
         senders: list[asyncio.Task[None]] = []
         t0 = t1 = 0
