@@ -411,13 +411,16 @@ class _WsConn:
         self._ws = ws
 
     @classmethod
-    async def open(cls, url: str, max_bytes: int, open_timeout: float) -> _WsConn:
+    async def open(
+        cls, url: str, max_bytes: int, open_timeout: float, auth_token: str = ""
+    ) -> _WsConn:
         ws = await ws_connect(
             url,
             max_size=max_bytes,
             compression=None,
             ping_interval=20,
             open_timeout=open_timeout,
+            additional_headers={"Authorization": f"Bearer {auth_token}"} if auth_token else None,
         )
         return cls(ws)
 
@@ -446,7 +449,7 @@ class _WsConn:
 class _GrpcConn:
     """One ``Ingest.Connect`` call on its own channel, fed from a bounded queue."""
 
-    def __init__(self, target: str, max_bytes: int) -> None:
+    def __init__(self, target: str, max_bytes: int, auth_token: str = "") -> None:
         self._channel = grpc.aio.insecure_channel(
             target,
             options=[
@@ -461,7 +464,8 @@ class _GrpcConn:
         # A small queue: a slow stream backs up into the sender (and the resend buffer).
         self._queue: asyncio.Queue[pb.EdgeMessage | None] = asyncio.Queue(maxsize=8)
         stub = bridge_pb2_grpc.IngestStub(self._channel)  # type: ignore[no-untyped-call]
-        self._call = stub.Connect(self._requests())
+        metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else None
+        self._call = stub.Connect(self._requests(), metadata=metadata)
         self._status = ""
 
     async def _requests(self) -> AsyncIterator[pb.EdgeMessage]:
@@ -630,8 +634,10 @@ class EdgeClient:
 
     async def _open(self) -> _Conn:
         if self.transport == "ws":
-            return await _WsConn.open(self.url, self.max_message_bytes, self.open_timeout)
-        return _GrpcConn(self.url, self.max_message_bytes)
+            return await _WsConn.open(
+                self.url, self.max_message_bytes, self.open_timeout, self.auth_token
+            )
+        return _GrpcConn(self.url, self.max_message_bytes, self.auth_token)
 
     async def _run(self) -> None:
         attempt = 0
@@ -774,6 +780,7 @@ class Publisher:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         drain_timeout_s: float = 10.0,
         connect_timeout_s: float = 10.0,
+        auth_token: str = "",
     ) -> None:
         if edges < 1 or streams_per_edge < 0 or rate_hz <= 0 or duration_s < 0:
             raise ValueError("edges >= 1, streams_per_edge >= 0, rate_hz > 0, duration_s >= 0")
@@ -797,6 +804,7 @@ class Publisher:
                 resend_buffer_bytes=resend_buffer_bytes,
                 resend_buffer_frames=resend_buffer_frames,
                 max_message_bytes=max_message_bytes,
+                auth_token=auth_token,
                 seed=seed + i,
             )
             for i in range(edges)

@@ -80,6 +80,7 @@ class FakeBridge:
         self.ignore_frames = False  # receive but do not accept (frames lost in flight)
         self.on_welcome: list[pb.BridgeMessage] = []
         self.limits = pb.ServerLimits()
+        self.header_tokens: list[str] = []  # Authorization header / metadata per connection
         self._n = 0
         self.changed = asyncio.Event()
 
@@ -187,6 +188,8 @@ class WsFront:
         async def close() -> None:
             ws.transport.abort()
 
+        assert ws.request is not None
+        self.fake.header_tokens.append(ws.request.headers.get("Authorization", ""))
         await self.fake.serve(FakeConn(send, recv, close))
 
     async def start(self, port: int = 0) -> str:
@@ -212,6 +215,8 @@ class GrpcFront(bridge_pb2_grpc.IngestServicer):
         async def close() -> None:
             pass  # returning from the handler ends the call
 
+        meta = dict(context.invocation_metadata() or ())
+        self.fake.header_tokens.append(meta.get("authorization", ""))
         await self.fake.serve(FakeConn(context.write, recv, close))
 
     async def start(self, port: int = 0) -> str:
@@ -292,6 +297,15 @@ async def test_hello_then_frames_delivered_with_latency(env: Env) -> None:
     assert len(s.latency_ns) == 6 and all(x >= 0 for x in s.latency_ns)
     await c.close()
     assert c.stats.disconnects == 0
+
+
+async def test_auth_token_goes_in_hello_and_in_the_transport_header(env: Env) -> None:
+    c = env.client(auth_token="s3cret")
+    await c.start()
+    anon = env.client(device_id="dev2")
+    await anon.start()
+    assert [h.auth_token for h in env.fake.hellos] == ["s3cret", ""]
+    assert env.fake.header_tokens == ["Bearer s3cret", ""]
 
 
 async def test_connection_loss_and_bridge_restart_resend_above_delivered(env: Env) -> None:
