@@ -16,13 +16,18 @@ $(STAMP): pyproject.toml setup.py
 
 venv: $(STAMP) sysdeps
 
-# Open3D's wheel needs libusb at import time (DESIGN §8); install it when we can, say so when not.
+# System packages (Debian): libusb for Open3D's wheel (DESIGN §8), shellcheck for the deploy
+# scripts' test. Installed when we are root with apt-get; otherwise those tests skip visibly.
+SYSPKGS := libusb-1.0-0 shellcheck
 sysdeps:
-	@if ! ldconfig -p 2>/dev/null | grep -q 'libusb-1.0.so.0'; then \
+	@missing=""; \
+	ldconfig -p 2>/dev/null | grep -q 'libusb-1.0.so.0' || missing="$$missing libusb-1.0-0"; \
+	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    (apt-get install -y -q libusb-1.0-0 >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libusb-1.0-0 >/dev/null 2>&1)) \
-	      || echo "warning: could not install libusb-1.0-0; Open3D tests will skip"; \
-	  else echo "note: libusb-1.0-0 missing (apt-get install libusb-1.0-0); Open3D tests will skip"; fi; \
+	    (apt-get install -y -q $$missing >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $$missing >/dev/null 2>&1)) \
+	      || echo "warning: could not install$$missing; the tests that need them will skip"; \
+	  else echo "note: missing$$missing (apt-get install$$missing); the tests that need them will skip"; fi; \
 	fi
 
 run: venv

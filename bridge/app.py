@@ -135,6 +135,8 @@ class BridgeService:
 
     # -- AdaptTarget (driven by the resource adapter) -----------------------------------------
     def resize_workers(self, workers: int) -> None:
+        if self.settings.workers:  # pinned by configuration: the plan does not override it
+            return
         self.pool.resize(workers)
         self.metrics.workers.set(workers)
         if self.processor is not None:
@@ -220,15 +222,20 @@ class BridgeService:
         return self.ports
 
     async def _start_adapter(self) -> None:
+        """Watch cgroup limits (and the own Pod / GPU where present) and re-plan live."""
         if not self.settings.adapt:
             return
-        try:
-            from bridge.resources.adapt import build_adapter
-        except ImportError:  # pragma: no cover - the resources package is part of the install
-            return
-        self.adapter = build_adapter(self, self.settings, self.registry)
-        if self.adapter is not None:
-            self._spawn(self.adapter.run(), "resource-adapter")
+        from bridge.resources.adapt import Adapter, AdapterSettings
+
+        self.adapter = Adapter.from_env(
+            self,
+            self.registry,
+            settings=AdapterSettings(
+                poll_interval=self.settings.cgroup_poll_seconds,
+                pending_timeout=self.settings.resize_pending_timeout_seconds,
+            ),
+        )
+        await self.adapter.start()
 
     def describe_resources(self) -> dict[str, Any]:
         info: dict[str, Any] = {
@@ -320,6 +327,9 @@ class BridgeService:
     async def close(self) -> None:
         """Stop everything now (idempotent)."""
         self.ready = False
+        if self.adapter is not None:
+            await self.adapter.stop()
+            self.adapter = None
         for conn in list(self.connections):
             with contextlib.suppress(Exception):
                 await conn.transport.close_going_away()

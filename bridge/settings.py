@@ -62,7 +62,8 @@ class Settings:
     reconnect_after_ms: int = 1000
     # Resources
     cgroup_poll_seconds: float = 0.05
-    adapt: bool = True
+    resize_pending_timeout_seconds: float = 60.0  # raise an Event when a resize pends this long
+    adapt: bool = True  # re-plan workers / ring budgets / GPU from the limits the pod has
     # Operations
     log_format: str = "text"  # text | json
     log_level: str = "INFO"
