@@ -193,7 +193,7 @@ class SinkServer:
                     high = max(high, await self._record_batch(batch))
                     await context.write(pb.SinkAck(bridge_seq=high))
                     self.acks_sent += 1
-            if reader_task.done() and reader_task.exception() is not None:
+            if reader_task.done() and not reader_task.cancelled() and reader_task.exception():
                 log.info("push stream ended: %s", reader_task.exception())
         finally:
             self.active_push_streams -= 1
