@@ -85,8 +85,11 @@ class StreamRing:
         self.occupancy_bytes = 0
         self.stats = RingStats()
         self._entries: deque[Entry] = deque()
+        # Work lists in seq order so the hot path is O(1): entries not yet taken by a worker, and
+        # entries not yet committed to the egress log. Removed entries are skipped lazily.
+        self._pending: deque[Entry] = deque()
+        self._uncommitted: deque[Entry] = deque()
         self._pending_gap: Gap | None = None  # evictions with no later entry yet
-        self._committed_upto = 0  # seq of the last entry handed to the egress log
 
     # -- inspection -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -126,6 +129,8 @@ class StreamRing:
             )
             self._pending_gap = None
         self._entries.append(entry)
+        self._pending.append(entry)
+        self._uncommitted.append(entry)
         self.occupancy_bytes += size
         self.stats.admitted += 1
         return AdmitResult.ACCEPTED, evicted
@@ -168,8 +173,9 @@ class StreamRing:
     # -- processing -------------------------------------------------------------------------
     def take_pending(self) -> Entry | None:
         """The oldest PENDING entry, now marked PROCESSING (None when there is none)."""
-        for entry in self._entries:
-            if entry.state is State.PENDING:
+        while self._pending:
+            entry = self._pending.popleft()
+            if not entry.removed:
                 entry.state = State.PROCESSING
                 return entry
         return None
@@ -186,13 +192,11 @@ class StreamRing:
     def take_committable(self) -> list[Entry]:
         """READY entries not yet committed whose predecessors are all committed (seq order)."""
         out: list[Entry] = []
-        for entry in self._entries:
-            if entry.seq <= self._committed_upto:
-                continue
-            if entry.state is not State.READY:
-                break
-            out.append(entry)
-            self._committed_upto = entry.seq
+        queue = self._uncommitted
+        while queue and (queue[0].removed or queue[0].state is State.READY):
+            entry = queue.popleft()
+            if not entry.removed:
+                out.append(entry)
         return out
 
     # -- delivery ---------------------------------------------------------------------------
@@ -205,7 +209,6 @@ class StreamRing:
             freed += entry.size
             self.stats.delivered += 1
         self.occupancy_bytes -= freed
-        self._committed_upto = max(self._committed_upto, seq)
         if self._pending_gap is not None and self._pending_gap.last_seq <= seq:
             self._pending_gap = None
         return freed
