@@ -11,6 +11,7 @@ import copy
 import itertools
 import json
 import shutil
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -430,3 +431,33 @@ def test_kube_config_from_env(tmp_path: Path) -> None:
     assert cfg.token_file == str(tmp_path / "token") and cfg.ca_file == str(tmp_path / "ca.crt")
     with pytest.raises(ValueError):
         KubeClient(KubeConfig("ftp://x"))
+
+
+async def test_standalone_process(tmp_path: Path) -> None:
+    """``python -m loadgen.kubesim`` prints its URL and serves until terminated."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "loadgen.kubesim",
+        "--pod",
+        str(K8S / "pod-running-initial.json"),
+        "--cgroup-dir",
+        str(tmp_path / "cg"),
+        "--sync-interval",
+        "0.05",
+        "--actuation-delay",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(15):
+            first = (await proc.stdout.readline()).decode()
+        url = first.split()[2]
+        assert url.startswith("http://127.0.0.1:")
+        client = KubeClient(KubeConfig(url))
+        await client.patch(RESIZE, load("resize-patch-body.json"))
+        await eventually(lambda: read(tmp_path / "cg" / "cpu.max") == "400000 100000")
+    finally:
+        proc.terminate()
+        await proc.wait()
