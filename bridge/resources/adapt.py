@@ -230,11 +230,13 @@ class Adapter:
         self.replan("cgroup", detected_at)
 
     def _count_resize(self, old: CgroupReading, new: CgroupReading) -> None:
+        """Count limit changes; a value that could not be read on either side is no resize."""
         inf = float("inf")
-        pairs = (
-            ("cpu", old.cpu_limit_cores, new.cpu_limit_cores),
-            ("memory", old.memory_limit_bytes, new.memory_limit_bytes),
-        )
+        pairs = []
+        if old.cpu_max is not None and new.cpu_max is not None:
+            pairs.append(("cpu", old.cpu_limit_cores, new.cpu_limit_cores))
+        if old.memory_max is not None and new.memory_max is not None:
+            pairs.append(("memory", old.memory_limit_bytes, new.memory_limit_bytes))
         for resource, a, b in pairs:
             a_, b_ = inf if a is None else a, inf if b is None else b
             if a_ != b_:

@@ -254,9 +254,10 @@ async def test_live_cgroup_change_is_detected_and_applied_fast(cg: Path) -> None
 
 async def test_malformed_file_is_reported_and_the_rest_still_adapts(cg: Path) -> None:
     target = FakeTarget()
+    registry = CollectorRegistry()
     adapter = Adapter(
         target,
-        CollectorRegistry(),
+        registry,
         cgroup=CgroupReader.from_root(str(cg)),
         settings=AdapterSettings(poll_interval=0.01),
         cpus_allowed=lambda: 4,
@@ -268,6 +269,9 @@ async def test_malformed_file_is_reported_and_the_rest_still_adapts(cg: Path) ->
         assert target.workers == 4  # no quota known: all CPUs
         write(cg / "memory.max", str(256 * MiB))
         await eventually(lambda: target.ring == ((256 * MiB - 64 * MiB) // 2, MiB))
+    # an unreadable cpu.max is not a cpu resize; the memory change is one
+    assert sample(registry, "bridge_resize_events_total", resource="cpu", direction="up") == 0
+    assert sample(registry, "bridge_resize_events_total", resource="memory", direction="down") == 1
 
 
 async def test_workload_change_replans_shares(cg: Path) -> None:
