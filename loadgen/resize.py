@@ -297,11 +297,15 @@ class LocalBackend:
                 while self.usage() >= memory and time.monotonic() < deadline:  # noqa: ASYNC110
                     await asyncio.sleep(0.05)  # usage is a file to poll, nothing to wait on
                 res.hold_s = round(time.monotonic() - t0, 3)
+                res.notes.append(
+                    f"held: usage {res.usage_at_request >> 20}Mi -> {self.usage() >> 20}Mi, "
+                    f"limit {memory >> 20}Mi"
+                )
                 if self.usage() >= memory:
                     res.resolved = False
                     res.notes.append(
-                        f"usage {self.usage()} still >= {memory} after {hold_timeout:g} s: "
-                        "memory.max not lowered (memory.high keeps announcing it)"
+                        f"unresolved after {hold_timeout:g} s: memory.max not lowered "
+                        "(memory.high keeps announcing it)"
                     )
                     return res
         if memory is not None:

@@ -213,7 +213,8 @@ class StepRecord:
     index: int
     step: ResizeStep
     applied: Applied | None = None
-    adapted_ns: int | None = None
+    planned_ns: int | None = None  # the plan first showed the new memory (else cpu) limit
+    adapted_ns: int | None = None  # the plan showed all new limits (after they were written)
     plan: dict[str, Any] = field(default_factory=dict)
     restart_exit_code: int | None = None
     error: str | None = None
@@ -236,11 +237,12 @@ class StepRecord:
             "usage_at_request_bytes": a.usage_at_request if a else None,
             "requested_s": rel(a.requested_ns if a else None),
             "written_s": rel(a.written_ns if a else None),
+            "planned_s": rel(self.planned_ns),
             "adapted_s": rel(self.adapted_ns),
             "time_to_adapt_ms": tta,
             "held": bool(a and a.held),
             "hold_s": a.hold_s if a else None,
-            "resolved": bool(a and a.resolved and self.adapted_ns is not None),
+            "resolved": bool(a and a.resolved and a.written_ns and self.adapted_ns),
             "plan": {
                 k: self.plan.get(k)
                 for k in ("workers", "ring_budget_bytes", "cpu_limit_cores", "memory_limit_bytes")
@@ -472,15 +474,23 @@ class Run:
         memory = await self._memory_target(rec.step)
         next_at = self._next_at(rec)
         hold = min(self.s.hold_timeout_s, max(0.5, next_at - rec.step.at_s - 0.5))
-        rec.applied = await self.backend.apply(rec.step.cpu, memory, hold_timeout=hold)
-        if rec.applied.written_ns is not None:
-            rec.adapted_ns, rec.plan = await wait_adapted(
-                self.bridge, rec.step.cpu, memory, self.s.adapt_timeout_s
+        # Watch the plan while the node side works: for a held memory decrease the bridge
+        # should plan for the lower limit *before* it is enacted (cooperative downscale).
+        apply = asyncio.create_task(
+            self.backend.apply(rec.step.cpu, memory, hold_timeout=hold), name="apply"
+        )
+        planned_cpu = None if memory is not None else rec.step.cpu
+        rec.planned_ns, _ = await wait_adapted(
+            self.bridge, planned_cpu, memory, hold + self.s.adapt_timeout_s
+        )
+        rec.applied = await apply
+        rec.adapted_ns, rec.plan = await wait_adapted(
+            self.bridge, rec.step.cpu, memory, self.s.adapt_timeout_s
+        )
+        if rec.adapted_ns is None:
+            rec.error = (
+                f"bridge plan did not show the new limits within {self.s.adapt_timeout_s:g} s"
             )
-            if rec.adapted_ns is None:
-                rec.error = (
-                    f"bridge plan did not show the new limits within {self.s.adapt_timeout_s:g} s"
-                )
 
     def _next_at(self, rec: StepRecord) -> float:
         if rec.index + 1 < len(self.steps):
