@@ -283,7 +283,9 @@ class BridgeService:
 
     async def _housekeeping(self) -> None:
         while True:
-            self.core.expire(time.monotonic(), self.settings.session_ttl_seconds)
+            for session in self.core.expire(time.monotonic(), self.settings.session_ttl_seconds):
+                for stream in session.streams.values():
+                    self._space.pop(stream.key, None)
             self.metrics.ring_occupancy.set(self.core.buffered_bytes)
             self.metrics.ring_frames.set(self.core.buffered_frames)
             await asyncio.sleep(0.5)
