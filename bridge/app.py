@@ -226,6 +226,7 @@ class BridgeService:
         if not self.settings.adapt:
             return
         from bridge.resources.adapt import Adapter, AdapterSettings
+        from bridge.resources.plan import PlanSettings
 
         self.adapter = Adapter.from_env(
             self,
@@ -233,6 +234,7 @@ class BridgeService:
             settings=AdapterSettings(
                 poll_interval=self.settings.cgroup_poll_seconds,
                 pending_timeout=self.settings.resize_pending_timeout_seconds,
+                plan=PlanSettings(unlimited_memory_cap_bytes=self.settings.ring_budget_bytes),
             ),
         )
         await self.adapter.start()

@@ -39,7 +39,7 @@ class Settings:
     max_subscribers: int = 64
     subscriber_queue_frames: int = 256
     # Rings
-    ring_budget_bytes: int = 512 * MiB
+    ring_budget_bytes: int = 512 * MiB  # with adapt: only when memory is unlimited
     ring_floor_bytes: int = 0  # 0 = max_frame_bytes (a ring can always hold one frame)
     overflow_policy: str = "backpressure"  # backpressure | drop_oldest
     # Processing
