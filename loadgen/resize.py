@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.resources.kubeapi import ENV_API, ENV_POD_NAME, ENV_POD_NAMESPACE
+from bridge.resources.quantity import QuantityError, to_bytes, to_millicores
 from loadgen.kubesim import CgroupDir, KubeSim
 
 PERIOD_US = 100_000
@@ -281,7 +282,14 @@ class LocalBackend:
         if cpu is not None:
             self._write_cpu(cpu)
 
-    async def apply(self, cpu: float | None, memory: int | None, *, hold_timeout: float) -> Applied:
+    async def apply(
+        self,
+        cpu: float | None,
+        memory: int | None,
+        *,
+        hold_timeout: float,
+        converge_timeout: float = 10.0,
+    ) -> Applied:
         """Like the kubelet: memory before cpu when memory grows; a decrease below usage is
         held (announced through ``memory.high``) until usage drops or ``hold_timeout``."""
         res = Applied(time.time_ns(), cpu, memory, usage_at_request=self.usage())
@@ -381,7 +389,16 @@ class KubeSimBackend(LocalBackend):
 
         return await asyncio.to_thread(get)
 
-    async def apply(self, cpu: float | None, memory: int | None, *, hold_timeout: float) -> Applied:
+    async def apply(
+        self,
+        cpu: float | None,
+        memory: int | None,
+        *,
+        hold_timeout: float,
+        converge_timeout: float = 10.0,
+    ) -> Applied:
+        """PATCH, then wait until the status converged and the files show it; a resize the
+        kubelet holds (PodResizeInProgress reason Error) waits at most ``hold_timeout``."""
         res = Applied(time.time_ns(), cpu, memory, usage_at_request=self.usage())
         cpu_t = cpu if cpu is not None else self.cpu
         mem_t = memory if memory is not None else self.memory
@@ -399,9 +416,12 @@ class KubeSimBackend(LocalBackend):
             if _resize_error(pod) and held_since is None:
                 held_since = time.monotonic()
                 res.held = True
-            if time.monotonic() - t0 > hold_timeout:
+            waited = time.monotonic() - t0
+            if (held_since is not None and time.monotonic() - held_since > hold_timeout) or (
+                waited > max(hold_timeout, converge_timeout)
+            ):
                 res.resolved = False
-                res.notes.append(f"pod status did not converge within {hold_timeout:g} s")
+                res.notes.append(f"pod status did not converge within {waited:.1f} s")
                 break
             await asyncio.sleep(0.02)
         if held_since is not None:
@@ -506,11 +526,22 @@ def _converged(pod: dict[str, Any], body: dict[str, Any]) -> bool:
         return False
     want = body["spec"]["containers"][0]["resources"]
     have = _container_status(pod).get("resources", {})
-    return bool(
-        have.get("limits", {}) == want["limits"]
-        and {k: v for k, v in have.get("requests", {}).items() if k in want["requests"]}
-        == want["requests"]
+    return all(
+        _quantities(have.get(part, {}), want[part]) == _quantities(want[part], want[part])
+        for part in ("requests", "limits")
     )
+
+
+def _quantities(rl: dict[str, Any], keys: dict[str, Any]) -> dict[str, int | None]:
+    """cpu in millicores, memory in bytes: "1" and "1000m" are the same quantity."""
+    out: dict[str, int | None] = {}
+    for k in keys:
+        v = rl.get(k)
+        try:
+            out[k] = None if v is None else (to_millicores(v) if k == "cpu" else to_bytes(v))
+        except QuantityError:
+            out[k] = None
+    return out
 
 
 def pod_json(cpu: float, memory: int) -> dict[str, Any]:

@@ -477,7 +477,10 @@ class Run:
         # Watch the plan while the node side works: for a held memory decrease the bridge
         # should plan for the lower limit *before* it is enacted (cooperative downscale).
         apply = asyncio.create_task(
-            self.backend.apply(rec.step.cpu, memory, hold_timeout=hold), name="apply"
+            self.backend.apply(
+                rec.step.cpu, memory, hold_timeout=hold, converge_timeout=self.s.adapt_timeout_s
+            ),
+            name="apply",
         )
         planned_cpu = None if memory is not None else rec.step.cpu
         rec.planned_ns, _ = await wait_adapted(
