@@ -114,8 +114,8 @@ def account(
     for rec, was_dup in records:
         key = (rec.device_id, rec.stream_id, rec.seq)
         if rec.has_gap and rec.gap_last >= rec.gap_first >= 1:
-            for s in range(rec.gap_first, min(rec.gap_last, rec.seq - 1) + 1):
-                announced.add((rec.device_id, rec.stream_id, s))
+            for gap_seq in range(rec.gap_first, min(rec.gap_last, rec.seq - 1) + 1):
+                announced.add((rec.device_id, rec.stream_id, gap_seq))
         if was_dup or key in delivered:
             dups.append(key)
             continue
@@ -136,8 +136,8 @@ def account(
         missing = [k for k in in_w if k not in delivered]
         lost = [k for k in missing if k not in announced]
         per_stream: dict[tuple[str, str], list[int]] = defaultdict(list)
-        for d, s, q in lost:
-            per_stream[(d, s)].append(q)
+        for dev, stream, seq in lost:
+            per_stream[(dev, stream)].append(seq)
         in_set = set(in_w)
         out.append(
             {

@@ -39,7 +39,7 @@ def schema() -> dict[str, Any]:
 
 def validate(report: dict[str, Any]) -> None:
     """Raise ``jsonschema.ValidationError`` when the report does not match the schema."""
-    import jsonschema
+    import jsonschema  # type: ignore[import-untyped]  # no stubs installed
 
     jsonschema.validate(report, schema())
 
@@ -84,6 +84,13 @@ ROWS: tuple[tuple[str, Any], ...] = (
     ("latency p99 ms", lambda r: r["totals"]["latency_ms"]["p99"]),
     ("latency max ms", lambda r: r["totals"]["latency_ms"]["max"]),
     ("max stall s", lambda r: r["totals"]["max_stall_s"]),
+    (
+        "longest request->adapted s",
+        lambda r: max(
+            (p["end_s"] - p["start_s"] for p in r["phases"] if p["kind"] == "resize"),
+            default=None,
+        ),
+    ),
     ("time-to-adapt p50 ms", lambda r: r["time_to_adapt_ms"]["p50"]),
     ("time-to-adapt max ms", lambda r: r["time_to_adapt_ms"]["max"]),
     (
