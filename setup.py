@@ -129,9 +129,21 @@ if MODE != "no":
     ext_modules.append(
         Extension(
             "bridge.decimate._native",
-            sources=[f"{NATIVE}/voxel_module.c", f"{NATIVE}/voxel_cpu.c"],
+            sources=[
+                f"{NATIVE}/{name}.c"
+                for name in (
+                    "voxel_module",
+                    "voxel_cpu",
+                    "cpu_sorted",
+                    "cpu_dense",
+                    "cpu_wide",
+                    "cpu_scratch",
+                )
+            ],
             include_dirs=[NATIVE],
-            depends=[f"{NATIVE}/simbridge_voxel.h", f"{NATIVE}/sbv_body.h"],
+            depends=[
+                f"{NATIVE}/{h}" for h in ("simbridge_voxel.h", "sbv_body.h", "cpu_internal.h")
+            ],
             extra_compile_args=CFLAGS,
             extra_link_args=LDFLAGS,
         )

@@ -157,7 +157,8 @@ def oracle(layout: CloudLayout, data: bytes, voxel: float) -> bytes:
         if not all(math.isfinite(float(c)) for c in p):
             continue
         if f32:
-            key = tuple(int(np.floor(np.float32(c) / np.float32(voxel))) for c in p)
+            with np.errstate(over="ignore"):  # inf keys raise OverflowError in int()
+                key = tuple(int(np.floor(np.float32(c) / np.float32(voxel))) for c in p)
         else:
             key = tuple(math.floor(float(c) / voxel) for c in p)
         if any(not -(2**63) <= k < 2**63 for k in key):

@@ -1,0 +1,134 @@
+/*
+ * cpu_internal.h - what the CPU kernel's files share (not part of the ABI): the job every
+ * phase works on, fork-join over threads, per-thread scratch, and small inline helpers.
+ *
+ * Files: voxel_cpu.c (entry point, bounds, path choice), cpu_sorted.c (the radix-sort
+ * path), cpu_dense.c (coarse grids: counting, no sort), cpu_wide.c (keys wider than 64
+ * bits), cpu_scratch.c (cached scratch memory).
+ */
+#ifndef SBV_CPU_INTERNAL_H
+#define SBV_CPU_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "sbv_body.h"
+
+/* Internal symbols stay out of the shared library's exports. */
+#define SBV_INTERNAL __attribute__((visibility("hidden")))
+
+#define SBV_MIN_POINTS_PER_THREAD 65536
+#define SBV_MAX_THREADS 64
+#define SBV_TOP_BITS 11
+#define SBV_SMALL_BUCKET 48
+#define SBV_PREFETCH 24
+/* Dense path when the key grid has at most this many cells per point (and at most
+ * SBV_DENSE_MAX_CELLS cells): counting needs no sort, and the per-voxel sums stay in cache. */
+#ifndef SBV_DENSE_CELLS_PER_POINT
+#define SBV_DENSE_CELLS_PER_POINT 0.75
+#endif
+#define SBV_DENSE_MAX_CELLS ((size_t)1 << 22)
+#define SBV_DENSE_MAX_HIST_BYTES ((size_t)64 << 20)
+
+static inline uint64_t shl(uint64_t x, int s) { return s >= 64 ? 0 : x << s; }
+static inline uint64_t shr(uint64_t x, int s) { return s >= 64 ? 0 : x >> s; }
+static inline int bit_width(uint64_t x) { return x ? 64 - __builtin_clzll(x) : 0; }
+
+typedef struct job job_t;
+
+/* One running sum: float64 for float fields, exact int64 for integers and colour channels. */
+typedef union {
+    double d;
+    int64_t i;
+} sbv_acc;
+
+#define SBV_DROPPED UINT32_MAX
+
+struct job {
+    const sbv_cloud *in;
+    sbv_plan plan;
+    const unsigned char *data;
+    size_t stride;
+    int nt;
+    size_t chunk[SBV_MAX_THREADS + 1];
+    /* A */
+    size_t finite[SBV_MAX_THREADS];
+    double lo[SBV_MAX_THREADS][3], hi[SBV_MAX_THREADS][3];
+    size_t finite_base[SBV_MAX_THREADS];
+    /* key packing */
+    int64_t kmin[3];
+    int by, bz, ib, kb, top_bits, top_shift;
+    uint64_t idx_mask;
+    size_t nbuckets;
+    size_t *hist;       /* nt * nbuckets, then offsets */
+    size_t *bucket_at;  /* nbuckets + 1 */
+    uint64_t *items, *tmp;
+    size_t bucket_range[SBV_MAX_THREADS + 1];
+    size_t voxels[SBV_MAX_THREADS];
+    size_t out_base[SBV_MAX_THREADS];
+    unsigned char *out;
+    /* dense path */
+    uint64_t span[3];
+    size_t cells;
+    uint32_t *cell;    /* per input point: grid cell, then voxel number; SBV_DROPPED if not finite */
+    uint32_t *chist;   /* nt * cells counts, then chist[0..cells) = voxel number per cell */
+    uint32_t *vcount;  /* points per voxel */
+    size_t m;
+    size_t slots;      /* accumulator slots per voxel (colour fields take 4) */
+    uint32_t slot_of[SBV_MAX_FIELDS];
+    sbv_acc *acc;      /* m * slots */
+    size_t vrange[SBV_MAX_THREADS + 1];
+};
+
+#ifdef SBV_TIMING /* developer aid: per-phase wall times on stderr */
+#include <time.h>
+static inline double sbv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+#define SBV_TICK(label) do { double t_ = sbv_now(); fprintf(stderr, "%s %.2fms ", label, (t_ - sbv_t0) * 1e3); sbv_t0 = t_; } while (0)
+#else
+#define SBV_TICK(label) do { } while (0)
+#endif
+
+typedef void (*phase_fn)(job_t *, int);
+
+/* Run fn(job, t) for t in [0, job->nt), the caller taking t = 0. */
+SBV_INTERNAL int sbvi_run_phase(job_t *job, phase_fn fn);
+
+/* A buffer of at least `bytes`, cached per calling thread when *cached is set on return. */
+SBV_INTERNAL void *sbvi_scratch_get(size_t bytes, int *cached);
+SBV_INTERNAL void sbvi_scratch_done(void *mem, int cached);
+
+static inline int load_xyz(const job_t *job, const unsigned char *rec, double *x, double *y,
+                           double *z) {
+    const sbv_plan *pl = &job->plan;
+    *x = sbv_load_f(rec + pl->x_off, pl->x_type);
+    *y = sbv_load_f(rec + pl->y_off, pl->y_type);
+    *z = sbv_load_f(rec + pl->z_off, pl->z_type);
+    return isfinite(*x) && isfinite(*y) && isfinite(*z);
+}
+
+static inline double key_of(const job_t *job, double p) {
+    return job->plan.xyz_f32 ? sbv_key_f32((float)p, job->plan.voxel_f)
+                             : sbv_key_f64(p, job->plan.voxel_d);
+}
+
+/* floor(q) as int64 without a libm call; exact for |q| < 2^63, which the bounds check in
+ * the bounds phase guarantees for every finite point (trunc(q) is exact, and (float)k == q
+ * whenever |q| >= 2^24 because such floats are already integers). */
+static inline int64_t floor_i64(float q) {
+    int64_t k = (int64_t)q;
+    return (float)k > q ? k - 1 : k;
+}
+
+/* The three ways to finish once bounds are known (each writes job->out, sets *out_points). */
+SBV_INTERNAL int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t err_len);
+SBV_INTERNAL int sbvi_dense_fits(job_t *job, const double klo[3], const double khi[3], size_t nf);
+SBV_INTERNAL int sbvi_run_dense(job_t *job, size_t cap, size_t *out_points, char *err, size_t err_len);
+SBV_INTERNAL int sbvi_run_wide(job_t *job, size_t nf, size_t cap, size_t *out_points, char *err,
+                               size_t err_len);
+
+#endif /* SBV_CPU_INTERNAL_H */

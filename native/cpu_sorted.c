@@ -1,0 +1,231 @@
+/*
+ * cpu_sorted.c - the CPU kernel's main path: radix-sort packed 8-byte items.
+ *
+ * Each finite point becomes one uint64: key offsets (kx - kxmin, ky - kymin, kz - kzmin)
+ * packed in the high bits, point index in the low bits. Then, each step split over the job's
+ * threads:
+ *
+ *   B  pack the items, histogram of their top digit (up to 11 key bits);
+ *   C  stable scatter into buckets by that digit (MSD pass);
+ *   D  each thread LSD-radix-sorts a contiguous run of buckets on the remaining key bits
+ *      only (a stable sort: the index bits keep each voxel's points in input order) and
+ *      counts distinct keys;
+ *   E  each thread reduces its voxels straight into the output at its prefix offset,
+ *      prefetching the records it is about to gather.
+ *
+ * Why not a hash table: that costs a cache miss per point; these passes stream.
+ */
+#include "cpu_internal.h"
+
+static inline uint64_t pack(const job_t *job, int64_t kx, int64_t ky, int64_t kz, size_t i) {
+    uint64_t ux = (uint64_t)kx - (uint64_t)job->kmin[0];
+    uint64_t uy = (uint64_t)ky - (uint64_t)job->kmin[1];
+    uint64_t uz = (uint64_t)kz - (uint64_t)job->kmin[2];
+    uint64_t key = shl(shl(ux, job->by) | uy, job->bz) | uz;
+    return shl(key, job->ib) | (uint64_t)i;
+}
+
+static void phase_pack(job_t *job, int t) {
+    size_t *hist = job->hist + (size_t)t * job->nbuckets;
+    memset(hist, 0, job->nbuckets * sizeof *hist);
+    uint64_t *dst = job->items + job->finite_base[t];
+    const size_t stride = job->stride;
+    const int top_shift = job->top_shift;
+    const int64_t kmin0 = job->kmin[0], kmin1 = job->kmin[1], kmin2 = job->kmin[2];
+    const int by = job->by, bz = job->bz, ib = job->ib;
+    if (job->plan.xyz_packed && job->kb + ib < 64) {
+        const float v = job->plan.voxel_f;
+        const unsigned char *xp = job->data + job->chunk[t] * stride + job->plan.x_off;
+        for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, xp += stride) {
+            float p[3];
+            memcpy(p, xp, 12);
+            if (!(isfinite(p[0]) && isfinite(p[1]) && isfinite(p[2]))) continue;
+            uint64_t ux = (uint64_t)(floor_i64(p[0] / v) - kmin0);
+            uint64_t uy = (uint64_t)(floor_i64(p[1] / v) - kmin1);
+            uint64_t uz = (uint64_t)(floor_i64(p[2] / v) - kmin2);
+            uint64_t item = ((((ux << by) | uy) << bz | uz) << ib) | (uint64_t)i;
+            *dst++ = item;
+            hist[shr(item, top_shift)]++;
+        }
+        return;
+    }
+    for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++) {
+        double p[3];
+        if (!load_xyz(job, job->data + i * stride, &p[0], &p[1], &p[2])) continue;
+        uint64_t item = pack(job, (int64_t)key_of(job, p[0]), (int64_t)key_of(job, p[1]),
+                             (int64_t)key_of(job, p[2]), i);
+        *dst++ = item;
+        hist[shr(item, top_shift)]++;
+    }
+}
+
+static void phase_scatter(job_t *job, int t) {
+    size_t *offs = job->hist + (size_t)t * job->nbuckets;
+    const uint64_t *src = job->items + job->finite_base[t];
+    const uint64_t *end = src + job->finite[t];
+    uint64_t *tmp = job->tmp;
+    const int top_shift = job->top_shift;
+    for (; src < end; src++) tmp[offs[shr(*src, top_shift)]++] = *src;
+}
+
+/* Stable LSD radix sort of a[0..n) on bits [lo_bit, lo_bit + bits), using b as scratch.
+ * Leaves the result in a. */
+static void radix_bucket(uint64_t *a, uint64_t *b, size_t n, int lo_bit, int bits) {
+    if (n < 2 || bits <= 0) return;
+    if (n <= SBV_SMALL_BUCKET) {
+        /* items are unique (index in the low bits) and already in index order: sorting the
+         * whole value is the same as a stable sort on the key bits. */
+        for (size_t i = 1; i < n; i++) {
+            uint64_t v = a[i];
+            size_t j = i;
+            for (; j > 0 && a[j - 1] > v; j--) a[j] = a[j - 1];
+            a[j] = v;
+        }
+        return;
+    }
+    uint64_t *src = a, *dst = b;
+    for (int shift = lo_bit; shift < lo_bit + bits; shift += 8) {
+        int width = lo_bit + bits - shift < 8 ? lo_bit + bits - shift : 8;
+        uint64_t mask = ((uint64_t)1 << width) - 1;
+        size_t count[256] = {0};
+        for (size_t i = 0; i < n; i++) count[(src[i] >> shift) & mask]++;
+        if (count[(src[0] >> shift) & mask] == n) continue; /* one digit value: nothing to do */
+        size_t sum = 0;
+        for (size_t d = 0; d <= mask; d++) {
+            size_t c = count[d];
+            count[d] = sum;
+            sum += c;
+        }
+        for (size_t i = 0; i < n; i++) dst[count[(src[i] >> shift) & mask]++] = src[i];
+        uint64_t *swap = src;
+        src = dst;
+        dst = swap;
+    }
+    if (src != a) memcpy(a, src, n * sizeof *a);
+}
+
+static void phase_sort(job_t *job, int t) {
+    size_t voxels = 0;
+    const int ib = job->ib;
+    const int rest = job->top_shift - ib;
+    for (size_t bkt = job->bucket_range[t]; bkt < job->bucket_range[t + 1]; bkt++) {
+        size_t s = job->bucket_at[bkt], e = job->bucket_at[bkt + 1];
+        if (s == e) continue;
+        uint64_t *a = job->tmp + s;
+        radix_bucket(a, job->items + s, e - s, ib, rest);
+        voxels++;
+        for (size_t i = 1; i < e - s; i++) voxels += shr(a[i], ib) != shr(a[i - 1], ib);
+    }
+    job->voxels[t] = voxels;
+}
+
+static void phase_reduce(job_t *job, int t) {
+    const sbv_cloud *in = job->in;
+    const int ib = job->ib;
+    unsigned char *out = job->out + job->out_base[t] * job->stride;
+    size_t s = job->bucket_at[job->bucket_range[t]];
+    const size_t end = job->bucket_at[job->bucket_range[t + 1]];
+    const uint64_t *a = job->tmp;
+    const uint64_t mask = job->idx_mask;
+    const unsigned char *data = job->data;
+    const size_t stride = job->stride;
+    /* Records are gathered in key order, i.e. from scattered input positions: prefetch a
+     * few dozen ahead so the cache misses overlap instead of queueing. */
+    size_t pf = s;
+    /* the common lidar layout (float32 x, y, z and nothing else to average): no field loop */
+    const int xyz_only = job->plan.xyz_packed && in->n_fields == 3;
+    const uint32_t x_off = job->plan.x_off;
+    while (s < end) {
+        const uint64_t key = shr(a[s], ib);
+        size_t e = s + 1;
+        while (e < end && shr(a[e], ib) == key) e++;
+        const size_t pf_end = e + SBV_PREFETCH < end ? e + SBV_PREFETCH : end;
+        for (; pf < pf_end; pf++) {
+            const unsigned char *rec = data + (a[pf] & mask) * stride;
+            __builtin_prefetch(rec);
+            __builtin_prefetch(rec + stride - 1);
+        }
+        if (xyz_only) {
+            double sx = 0.0, sy = 0.0, sz = 0.0;
+            for (size_t j = s; j < e; j++) {
+                float p[3];
+                memcpy(p, data + (a[j] & mask) * stride + x_off, 12);
+                sx += (double)p[0];
+                sy += (double)p[1];
+                sz += (double)p[2];
+            }
+            const double c = (double)(e - s);
+            float m[3] = {(float)(sx / c), (float)(sy / c), (float)(sz / c)};
+            memset(out, 0, stride);
+            memcpy(out + x_off, m, 12);
+        } else {
+            sbv_reduce_voxel(data, stride, in->fields, in->n_fields, a + s, e - s, mask, out);
+        }
+        out += stride;
+        s = e;
+    }
+}
+
+/* Steps B-E once bounds and key widths are known (job->kb, job->ib set). */
+int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t err_len) {
+    const int nt = job->nt;
+#ifdef SBV_TIMING
+    double sbv_t0 = sbv_now();
+#endif
+    job->top_bits = job->kb < SBV_TOP_BITS ? job->kb : SBV_TOP_BITS;
+    job->top_shift = job->ib + job->kb - job->top_bits;
+    job->nbuckets = (size_t)1 << job->top_bits;
+    size_t hist_words = (size_t)nt * job->nbuckets + job->nbuckets + 1;
+    size_t bytes = 2 * nf * sizeof(uint64_t) + hist_words * sizeof(size_t);
+    int cached = 0;
+    unsigned char *mem = (unsigned char *)sbvi_scratch_get(bytes, &cached);
+    if (!mem) {
+        if (err && err_len) snprintf(err, err_len, "out of memory (%zu bytes of scratch)", bytes);
+        return SBV_ENOMEM;
+    }
+    job->items = (uint64_t *)mem;
+    job->tmp = job->items + nf;
+    job->hist = (size_t *)(job->tmp + nf);
+    job->bucket_at = job->hist + (size_t)nt * job->nbuckets;
+
+    sbvi_run_phase(job, phase_pack);
+    SBV_TICK("pack");
+    /* bucket-major, thread-minor offsets keep the scatter stable */
+    size_t sum = 0;
+    for (size_t b = 0; b < job->nbuckets; b++) {
+        job->bucket_at[b] = sum;
+        for (int t = 0; t < nt; t++) {
+            size_t *h = job->hist + (size_t)t * job->nbuckets + b;
+            size_t c = *h;
+            *h = sum;
+            sum += c;
+        }
+    }
+    job->bucket_at[job->nbuckets] = sum;
+    sbvi_run_phase(job, phase_scatter);
+    SBV_TICK("scatter");
+    /* contiguous bucket runs of about nf / nt items per thread */
+    job->bucket_range[0] = 0;
+    size_t b = 0;
+    for (int t = 1; t < nt; t++) {
+        size_t target = nf * (size_t)t / (size_t)nt;
+        while (b < job->nbuckets && job->bucket_at[b + 1] <= target) b++;
+        job->bucket_range[t] = b;
+    }
+    job->bucket_range[nt] = job->nbuckets;
+    sbvi_run_phase(job, phase_sort);
+    SBV_TICK("sort");
+    size_t m = 0;
+    for (int t = 0; t < nt; t++) {
+        job->out_base[t] = m;
+        m += job->voxels[t];
+    }
+    sbvi_run_phase(job, phase_reduce);
+    SBV_TICK("reduce");
+#ifdef SBV_TIMING
+    fprintf(stderr, "\n");
+#endif
+    sbvi_scratch_done(mem, cached);
+    *out_points = m;
+    return SBV_OK;
+}
