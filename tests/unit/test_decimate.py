@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -493,3 +494,29 @@ def test_native_scratch_controls() -> None:
             _native.scratch_keep(-1)
     finally:
         _native.scratch_keep(old)
+
+
+def test_c_releases_the_gil() -> None:
+    """While a big C decimation runs in another thread, this thread keeps running Python."""
+    if available_backends()["c"] is not None:
+        pytest.skip(f"c backend unavailable: {available_backends()['c']}")
+    data = np.random.default_rng(4).normal(0, 50, (3_000_000, 3)).astype(np.float32).tobytes()
+    c = get_decimator("c", threads=1)
+    c.downsample(XYZ32, data, 0.1)  # warm (scratch, first touch)
+    done = threading.Event()
+    span: list[float] = []
+
+    def work() -> None:
+        start = time.perf_counter()
+        c.downsample(XYZ32, data, 0.1)
+        span.append(time.perf_counter() - start)
+        done.set()
+
+    worker = threading.Thread(target=work)
+    stamps = [time.perf_counter()]
+    worker.start()
+    while not done.is_set():
+        stamps.append(time.perf_counter())
+    worker.join()
+    longest_pause = max(np.diff(stamps))
+    assert longest_pause < 0.6 * span[0], (longest_pause, span[0])
