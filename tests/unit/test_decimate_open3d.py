@@ -24,7 +24,13 @@ REPO = Path(__file__).resolve().parents[2]
 PCL_DATA = Path(os.environ.get("BRIDGE_PCL_DATA") or REPO.parent / "shared" / "data" / "pcl")
 REAL = sorted(PCL_DATA.glob("*.pcd")) if PCL_DATA.is_dir() else []
 LAYOUT = make_layout(16, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7), ("rgb", 12, 6)])
-CPU = [b for b in ("numpy", "c") if available_backends()[b] is None]
+#: Backends to compare; cuda (marked gpu) only where it can run — test_decimate.py already
+#: reports its skip visibly.
+BACKENDS = [
+    pytest.param(b, marks=[pytest.mark.gpu] if b == "cuda" else [])
+    for b in ("numpy", "c", "cuda")
+    if available_backends()[b] is None
+]
 
 
 def pack(xyz: np.ndarray, rgb: np.ndarray) -> bytes:
@@ -87,7 +93,7 @@ def lidar_like(n: int, rng: np.random.Generator) -> np.ndarray:
     return xyz.reshape(-1, 3).astype(np.float32)
 
 
-@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("voxel", [0.05, 0.2, 1.0])
 @pytest.mark.parametrize("shape", ["uniform", "lidar"])
 def test_synthetic_parity(backend: str, voxel: float, shape: str) -> None:
@@ -103,7 +109,7 @@ def test_synthetic_parity(backend: str, voxel: float, shape: str) -> None:
 
 
 @pytest.mark.skipif(not REAL, reason=f"no real clouds under {PCL_DATA} (set BRIDGE_PCL_DATA)")
-@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("path", REAL, ids=[p.stem for p in REAL])
 def test_real_cloud_parity(backend: str, path: Path) -> None:
     pcd = o3d.t.io.read_point_cloud(str(path))
