@@ -291,6 +291,7 @@ class Run:
         self.t_end_ns = 0
         self.cloud_note = ""
         self.initial_tta_ms: float | None = None
+        self._ring_at_request = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -467,6 +468,7 @@ class Run:
         if self.bridge is not None:
             with contextlib.suppress(OSError, TimeoutError, ValueError, IndexError):
                 ring = int((await self.bridge.resources()).get("ring_occupancy_bytes", 0))
+        self._ring_at_request = ring
         return max(16 << 20, self.backend.usage() - max(BELOW_USAGE_MARGIN, ring // 2))
 
     async def _in_place(self, rec: StepRecord) -> None:
@@ -487,6 +489,8 @@ class Run:
             self.bridge, planned_cpu, memory, hold + self.s.adapt_timeout_s
         )
         rec.applied = await apply
+        if rec.step.memory_below_usage:
+            rec.applied.notes.append(f"ring held {self._ring_at_request >> 10}Ki at the request")
         rec.adapted_ns, rec.plan = await wait_adapted(
             self.bridge, rec.step.cpu, memory, self.s.adapt_timeout_s
         )

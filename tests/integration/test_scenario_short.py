@@ -71,12 +71,11 @@ def test_in_place_resizes_are_adapted_live(outcome: tuple[dict[str, Any], Path])
     resizes = run["resizes"]
     assert len(resizes) >= 6 and not [x for x in resizes if x["notes"] and not x["held"]]
     for x in resizes:
-        if not x["below_usage"]:
-            assert x["resolved"], x
-            assert x["time_to_adapt_ms"] is not None and x["time_to_adapt_ms"] < 2000, x
+        assert x["resolved"], x
+        assert x["time_to_adapt_ms"] is not None and x["time_to_adapt_ms"] < 2000, x
         if x["cpu"] is not None:
             assert x["plan"]["cpu_limit_cores"] == pytest.approx(x["cpu"])
-    assert run["time_to_adapt_ms"]["count"] >= 5
+    assert run["time_to_adapt_ms"]["count"] == len(resizes)
     # memory down to 1Gi: the ring budget follows the limit
     by_mem = {x["memory_bytes"]: x for x in resizes if not x["below_usage"]}
     assert (
@@ -94,11 +93,10 @@ def test_memory_decrease_below_usage_is_held_and_planned_for_first(
     assert x["memory_bytes"] < x["usage_at_request_bytes"]
     assert x["held"] and x["hold_s"] is not None
     assert x["planned_s"] is not None
-    if x["written_s"] is not None:  # resolved: usage fell below the limit within the hold
-        assert x["resolved"]
-        assert x["planned_s"] <= x["written_s"] + 0.05
-    else:
-        assert not x["resolved"] and any("unresolved" in n for n in x["notes"])
+    # resolved: usage fell below the new limit within the hold, then memory.max was lowered
+    assert x["resolved"] and x["written_s"] is not None, x["notes"]
+    assert x["planned_s"] <= x["written_s"] + 0.05  # planned for before (or as) it was enacted
+    assert x["time_to_adapt_ms"] is not None
     assert x["plan"]["ring_budget_bytes"] == 0  # limit - baseline - headroom < 0: floor only
 
 
