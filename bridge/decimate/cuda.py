@@ -85,7 +85,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
                     err = ctypes.create_string_buffer(256)
                     count = lib.sbv_cuda_device_count(err, len(err))
                     if count < 0:
-                        reason = f"CUDA runtime unusable: {err.value.decode(errors='replace')}"
+                        msg = err.value.decode(errors="replace")
+                        reason = f"CUDA runtime unusable (no GPU or driver here?): {msg}"
                     elif count == 0:
                         reason = "no CUDA device visible"
             except (OSError, AttributeError) as exc:
