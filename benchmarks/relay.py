@@ -916,6 +916,19 @@ def report_footer(results: list[CellResult]) -> str:
             + ", ".join(f"{r.target.split('-')[1]} x{r.conns} {r.ratio:.2f}" for r in ratios)
             + f"  (target >= 0.6: {verdict})"
         )
+        # CPU per message barely depends on what else limits the rate: the steadier comparison.
+        raw = {
+            (r.target.split("-")[1], r.conns): r
+            for r in results
+            if r.size == "1.2MB" and r.target.startswith("raw")
+        }
+        costs = [
+            f"{r.target.split('-')[1]} x{r.conns} "
+            f"{r.relay_us_per_msg / raw[(r.target.split('-')[1], r.conns)].relay_us_per_msg:.1f}x"
+            for r in ratios
+            if (r.target.split("-")[1], r.conns) in raw
+        ]
+        lines.append("1.2MB relay CPU per message, bridge/raw: " + ", ".join(costs))
     # Caveats the numbers carry, said next to them rather than left to the reader.
     capped = [r for r in results if r.target.startswith("raw") and r.bench_cpu_pct >= SATURATED]
     if capped:
