@@ -78,7 +78,10 @@ struct job {
     size_t slots;      /* accumulator slots per voxel (colour fields take 4) */
     uint32_t slot_of[SBV_MAX_FIELDS];
     sbv_acc *acc;      /* m * slots */
-    size_t vrange[SBV_MAX_THREADS + 1];
+    size_t vrange[SBV_MAX_THREADS + 1];  /* voxels owned by each thread */
+    uint32_t *olist;   /* point indices grouped by owner thread, in input order */
+    size_t ocount[SBV_MAX_THREADS][SBV_MAX_THREADS]; /* [chunk][owner] counts, then offsets */
+    size_t ostart[SBV_MAX_THREADS + 1];
 };
 
 #ifdef SBV_TIMING /* developer aid: per-phase wall times on stderr */
