@@ -79,7 +79,6 @@ def _scenario(args: argparse.Namespace) -> Scenario:
 
 
 def _execute(args: argparse.Namespace, s: Scenario) -> int:
-    from loadgen.plot import render
     from loadgen.runner import run_scenario
 
     out = Path(args.out)
@@ -104,13 +103,23 @@ def _execute(args: argparse.Namespace, s: Scenario) -> int:
     rep["wall_s"] = round(time.monotonic() - started, 1)
     stem = f"{s.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     json_path = report_mod.write(rep, out, stem)
-    png_path = render(rep, out / f"{stem}.png")
+    png = _plot(rep, out / f"{stem}.png")
     if args.json:
         print(json.dumps(rep, indent=2))
     else:
         report_mod.print_report(rep)
-        print(f"\nreport: {json_path}\nplot:   {png_path}\nwall time {rep['wall_s']} s")
+        print(f"\nreport: {json_path}\nplot:   {png}\nwall time {rep['wall_s']} s")
     return 0
+
+
+def _plot(rep: dict[str, Any], path: Path) -> str:
+    """The PNG, or why there is none (matplotlib is optional: the numbers never depend on it)."""
+    from loadgen.plot import render
+
+    try:
+        return str(render(rep, path))
+    except ImportError as exc:  # matplotlib is imported lazily by render()
+        return f"(skipped: {exc}; pip install matplotlib)"
 
 
 def configure_run(p: argparse.ArgumentParser) -> None:
@@ -186,8 +195,6 @@ def report_command(args: argparse.Namespace) -> int:
         return 2
     report_mod.print_report(rep)
     if not args.no_png:
-        from loadgen.plot import render
-
         png = Path(args.png) if args.png else Path(args.file).with_suffix(".png")
-        print(f"\nplot: {render(rep, png)}")
+        print(f"\nplot: {_plot(rep, png)}")
     return 0

@@ -179,3 +179,32 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
 def test_memory_usage_keyword_only_in_steps() -> None:
     with pytest.raises(ScenarioError, match=r"initial\.memory"):
         from_mapping({"initial": {"memory": "usage"}})
+
+
+def test_cloud_files_fall_back_visibly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No Open3D (or no files): the run publishes synthetic clouds and says SKIPPED."""
+    from loadgen import runner
+    from loadgen.clouds import Open3DUnavailable
+
+    def no_open3d(path: object) -> None:
+        raise Open3DUnavailable("Open3D cannot be imported (test)")
+
+    s = from_mapping({"clouds": [str(tmp_path / "*.pcd")], "points": 100})
+    monkeypatch.setattr(runner, "load_cloud", no_open3d)
+    payloads, note = runner.prepare_clouds(s)
+    assert len(payloads) == 4
+    assert note.startswith("SKIPPED cloud files (Open3D unavailable") and "synthetic" in note
+    monkeypatch.undo()
+    payloads, note = runner.prepare_clouds(s)  # the glob matches nothing: a missing file
+    assert note.startswith("SKIPPED cloud files") and len(payloads) == 4
+
+
+def test_shipped_example_files_parse() -> None:
+    from importlib import resources
+
+    folder = resources.files("loadgen").joinpath("scenarios")
+    names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".yaml"))
+    assert {"demo.yaml", "ci-short.yaml", "long.yaml", "pcd-replay.yaml"} <= set(names)
+    for name in names:
+        s = load(Path(str(folder.joinpath(name))))
+        assert s.resizes, name
