@@ -43,12 +43,28 @@ def decode_edge(raw: bytes, limits: Limits) -> pb.EdgeMessage:
     return msg
 
 
-def cloud_layout(cloud: pb.PointCloud, limits: Limits) -> tuple[CloudLayout, int]:
-    """Validate a PointCloud's packed layout and size; return the layout and point count."""
-    layout = make_layout(
-        cloud.point_stride, [(f.name, f.offset, int(f.type)) for f in cloud.fields]
-    )
-    return layout, point_count(layout, len(cloud.data), limits.max_points)
+LayoutKey = tuple[int, tuple[tuple[str, int, int], ...]]
+
+
+def layout_key(cloud: pb.PointCloud) -> LayoutKey:
+    """What identifies a layout; streams cache their validated layout under it."""
+    return cloud.point_stride, tuple((f.name, f.offset, int(f.type)) for f in cloud.fields)
+
+
+def cloud_layout(
+    cloud: pb.PointCloud, limits: Limits, cached: tuple[LayoutKey, CloudLayout] | None = None
+) -> tuple[CloudLayout, int, LayoutKey]:
+    """Validate a PointCloud's packed layout (unless ``cached`` already holds it) and its size.
+
+    Returns the layout, the point count and the layout's key. ``cloud.data`` is read once: the
+    protobuf runtime copies a bytes field on every access, which costs at 1 MB per frame.
+    """
+    key = layout_key(cloud)
+    if cached is not None and cached[0] == key:
+        layout = cached[1]
+    else:
+        layout = make_layout(key[0], list(key[1]))
+    return layout, point_count(layout, len(cloud.data), limits.max_points), key
 
 
 def encode(msg: pb.BridgeMessage) -> bytes:

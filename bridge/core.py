@@ -72,6 +72,7 @@ class WorkItem:
     entry: Entry
     frame: pb.Frame
     layout: CloudLayout | None
+    points: int  # input points (0 for telemetry), counted once at admission
 
 
 _POLICIES = {
@@ -210,13 +211,13 @@ class BridgeCore:
             stream.conn_last_seq = frame.seq
             self._mark_dirty(stream)
             return Offer.DUPLICATE
-        layout = self._validate_payload(stream, frame)
+        layout, points = self._validate_payload(stream, frame)
         gap = None
         if frame.seq > stream.accepted_seq + 1:
             missing = frame.seq - stream.accepted_seq - 1
             gap = Gap(stream.accepted_seq + 1, frame.seq - 1, missing, "upstream")
         result, evicted = stream.ring.admit(
-            frame.seq, size, (frame, layout), ingest_ns=now_ns, gap=gap
+            frame.seq, size, (frame, layout, points), ingest_ns=now_ns, gap=gap
         )
         if evicted:
             self.listener.on_evicted(stream, len(evicted))
@@ -233,16 +234,18 @@ class BridgeCore:
         self.listener.on_work()
         return Offer.ACCEPTED
 
-    def _validate_payload(self, stream: Stream, frame: pb.Frame) -> CloudLayout | None:
+    def _validate_payload(self, stream: Stream, frame: pb.Frame) -> tuple[CloudLayout | None, int]:
         payload = frame.WhichOneof("payload")
         if stream.config.kind == KIND_POINT_CLOUD:
             if payload != "point_cloud":
                 raise InvalidLayout(f"stream {stream.stream_id!r} expects point_cloud frames")
-            layout, _ = codec.cloud_layout(frame.point_cloud, self.config.limits)
-            return layout
+            cached = cast(tuple[codec.LayoutKey, CloudLayout] | None, stream.layout_cache)
+            layout, points, key = codec.cloud_layout(frame.point_cloud, self.config.limits, cached)
+            stream.layout_cache = (key, layout)
+            return layout, points
         if payload != "telemetry":
             raise InvalidLayout(f"stream {stream.stream_id!r} expects telemetry frames")
-        return None
+        return None, 0
 
     def fits(self, session: Session, frame: pb.Frame, size: int) -> bool:
         stream = session.streams.get(frame.stream_id)
@@ -258,15 +261,17 @@ class BridgeCore:
                 self._queued.discard(stream.key)
                 continue
             self._work_queue.append(stream)
-            frame, layout = cast(tuple[pb.Frame, CloudLayout | None], entry.item)
-            return WorkItem(stream, entry, frame, layout)
+            frame, layout, points = cast(tuple[pb.Frame, CloudLayout | None, int], entry.item)
+            return WorkItem(stream, entry, frame, layout, points)
         return None
 
-    def complete(self, item: WorkItem, result: bytes) -> None:
-        """A worker produced the serialized ProcessedFrame core for ``item``."""
+    def complete(self, item: WorkItem, result: bytes | tuple[bytes, ...]) -> None:
+        """A worker produced the serialized ProcessedFrame core for ``item`` (one buffer, or
+        parts joined only when sent, so a passthrough payload is not copied once more)."""
         stream = item.stream
         before = stream.ring.occupancy_bytes
-        stream.ring.complete(item.entry, result, len(result))
+        size = len(result) if isinstance(result, bytes) else sum(len(p) for p in result)
+        stream.ring.complete(item.entry, result, size)
         committed = [(stream, e) for e in stream.ring.take_committable()]
         for pair in committed:
             self.egress.append(*pair)

@@ -81,5 +81,7 @@ def frame_bytes(entry: Entry, extra_gap: Gap | None = None) -> bytes:
             )
         )
     core = entry.item
+    if isinstance(core, tuple):
+        return b"".join((*core, trailer.SerializeToString()))
     assert isinstance(core, bytes)
     return core + trailer.SerializeToString()

@@ -23,13 +23,33 @@ log = logging.getLogger("bridge.processing")
 Clock = Callable[[], int]
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+_POINT_CLOUD_TAG = bytes([(7 << 3) | 2])  # ProcessedFrame.point_cloud, length-delimited
+
+
+def needs_worker(item: WorkItem, decimator: Decimator | None) -> bool:
+    """Only decimation is heavy; passthrough and telemetry are cheap enough for the loop."""
+    return decimator is not None and item.layout is not None and not item.stream.config.passthrough
+
+
 def process_frame(
     item: WorkItem, decimator: Decimator | None, clock: Clock = time.time_ns
-) -> tuple[bytes, float, str | None]:
+) -> tuple[bytes | tuple[bytes, ...], float, str | None]:
     """Build the serialized ProcessedFrame core for ``item`` (no bridge_seq, no gap).
 
-    Returns (bytes, decimation seconds, error text or None). Pure apart from the clock; runs on a
-    worker thread.
+    Returns (bytes or parts to join, decimation seconds, error text or None). A passthrough
+    cloud is spliced in as its own serialized part rather than copied into a new message.
     """
     frame = item.frame
     stream = item.stream
@@ -40,42 +60,45 @@ def process_frame(
         capture_time_ns=frame.capture_time_ns,
         ingest_time_ns=item.entry.ingest_ns,
     )
-    spent = 0.0
-    error = None
     if frame.WhichOneof("payload") == "telemetry":
         out.telemetry.CopyFrom(frame.telemetry)
-    else:
-        cloud = frame.point_cloud
-        n_in = len(cloud.data) // cloud.point_stride
-        info = out.decimation
-        info.input_points = n_in
-        if decimator is None or stream.config.passthrough or item.layout is None:
-            out.point_cloud.CopyFrom(cloud)
-            info.output_points, info.backend = n_in, "passthrough"
+        out.processed_time_ns = clock()
+        return out.SerializeToString(), 0.0, None
+    cloud = frame.point_cloud
+    info = out.decimation
+    info.input_points = item.points
+    error = None
+    if needs_worker(item, decimator):
+        assert decimator is not None and item.layout is not None
+        t0 = time.perf_counter()
+        try:
+            result = decimator.downsample(
+                item.layout, cloud.data, stream.config.voxel_size, stream.config.max_points
+            )
+        except ValueError as exc:  # e.g. voxel keys overflow int64 for this voxel size
+            error = str(exc)
         else:
-            t0 = time.perf_counter()
-            try:
-                result = decimator.downsample(
-                    item.layout, cloud.data, stream.config.voxel_size, stream.config.max_points
-                )
-            except ValueError as exc:  # e.g. voxel keys overflow int64 for this voxel size
-                error = str(exc)
-                out.point_cloud.CopyFrom(cloud)
-                info.output_points, info.backend = n_in, "passthrough"
-            else:
-                spent = time.perf_counter() - t0
-                pc = out.point_cloud
-                pc.point_stride = cloud.point_stride
-                pc.fields.extend(cloud.fields)
-                pc.data = result.data
-                pc.frame_id = cloud.frame_id
-                if cloud.HasField("pose"):
-                    pc.pose.CopyFrom(cloud.pose)
-                info.output_points = result.points
-                info.voxel_size = result.voxel_size
-                info.backend = result.backend
+            spent = time.perf_counter() - t0
+            pc = out.point_cloud
+            pc.point_stride = cloud.point_stride
+            pc.fields.extend(cloud.fields)
+            pc.data = result.data
+            pc.frame_id = cloud.frame_id
+            if cloud.HasField("pose"):
+                pc.pose.CopyFrom(cloud.pose)
+            info.output_points = result.points
+            info.voxel_size = result.voxel_size
+            info.backend = result.backend
+            out.processed_time_ns = clock()
+            return out.SerializeToString(), spent, None
+    info.output_points, info.backend = item.points, "passthrough"
     out.processed_time_ns = clock()
-    return out.SerializeToString(), spent, error
+    raw_cloud = cloud.SerializeToString()
+    return (
+        (out.SerializeToString(), _POINT_CLOUD_TAG, _varint(len(raw_cloud)), raw_cloud),
+        0.0,
+        error,
+    )
 
 
 class Processor:
@@ -117,6 +140,13 @@ class Processor:
             item = self.core.take_work()
             if item is None:
                 break
+            if not needs_worker(item, self.decimator):
+                # Cheap: no thread hop (queue, wake-up, GIL hand-off, call_soon_threadsafe).
+                result, _, error = process_frame(item, None)
+                self.core.complete(item, result)
+                if self._on_done is not None:
+                    self._on_done(item, 0.0, error)
+                continue
             self._in_flight += 1
             self._idle.clear()
             self.pool.submit(self._task(item, self.decimator))
@@ -126,6 +156,7 @@ class Processor:
         assert loop is not None
 
         def run() -> None:
+            result: tuple[bytes | tuple[bytes, ...], float, str | None]
             try:
                 result = process_frame(item, decimator)
             except Exception as exc:  # never lose the frame silently: report on the loop
@@ -135,7 +166,9 @@ class Processor:
 
         return run
 
-    def _finish(self, item: WorkItem, result: tuple[bytes, float, str | None]) -> None:
+    def _finish(
+        self, item: WorkItem, result: tuple[bytes | tuple[bytes, ...], float, str | None]
+    ) -> None:
         self._in_flight -= 1
         data, spent, error = result
         if not data:  # internal failure: deliver the raw frame so seq accounting stays whole

@@ -56,7 +56,7 @@ class Settings:
     # Timeouts
     ping_interval_seconds: float = 20.0
     ping_timeout_seconds: float = 20.0
-    ack_interval_seconds: float = 0.002
+    ack_interval_seconds: float = 0.01  # acks to edges are coalesced over this interval
     session_ttl_seconds: float = 300.0
     drain_grace_seconds: float = 20.0
     reconnect_after_ms: int = 1000
