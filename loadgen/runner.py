@@ -559,7 +559,6 @@ class Run:
         await self.sink.stop(grace=1.0)
         records = await asyncio.to_thread(read_record, self.record_path)
         windows = self.windows()
-        start = windows[0].start_ns if windows else self.t0_ns
         results = phases.account(
             self.published,
             records,
@@ -603,7 +602,7 @@ class Run:
                 self.published,
                 records,
                 start_ns=self.t0_ns,
-                end_ns=max(self.t_end_ns, start) + int(2e9),
+                end_ns=max(self.t_end_ns + int(2e9), *(r.received_ns + 1 for r, _ in records)),
                 disconnects_ns=self.disconnects_ns,
             ),
             "edges": edge_totals,
