@@ -38,7 +38,7 @@ from bridge.decimate.backends import available_backends, get_decimator
 XYZ_LAYOUT = make_layout(12, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7)])
 XYZRGB_LAYOUT = make_layout(16, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7), ("rgb", 12, 6)])
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_PCL = REPO.parent / "shared" / "data" / "pcl"
+DEFAULT_PCL = REPO / "tests" / "data" / "pcl"  # the PCL frames, vendored (BSD-3-Clause)
 
 
 # ---- inputs ----
@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--real",
         type=Path,
         default=Path(os.environ.get("BRIDGE_PCL_DATA") or DEFAULT_PCL),
-        help="folder of real .pcd frames (default $BRIDGE_PCL_DATA or ../shared/data/pcl)",
+        help="folder of real .pcd frames (default $BRIDGE_PCL_DATA or tests/data/pcl)",
     )
     p.add_argument("--real-voxel", type=float, default=0.02, help="voxel for real frames")
     p.add_argument("--no-real", action="store_true", help="skip the real frames")

@@ -127,7 +127,7 @@ def test_loader_keeps_or_drops_nan_points(tmp_path: Path) -> None:
 
 
 def test_loader_reads_a_real_capture_when_present() -> None:
-    data = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "pcl"
+    data = Path(__file__).resolve().parents[1] / "data" / "pcl"
     files = sorted(data.glob("*.pcd")) if data.is_dir() else []
     if not files:
         pytest.skip(f"no real clouds under {data}")

@@ -21,7 +21,7 @@ from bridge.decimate import available_backends, get_decimator
 o3d: Any = pytest.importorskip("open3d", reason="open3d cannot be imported (libusb-1.0-0?)")
 
 REPO = Path(__file__).resolve().parents[2]
-PCL_DATA = Path(os.environ.get("BRIDGE_PCL_DATA") or REPO.parent / "shared" / "data" / "pcl")
+PCL_DATA = Path(os.environ.get("BRIDGE_PCL_DATA") or REPO / "tests" / "data" / "pcl")
 REAL = sorted(PCL_DATA.glob("*.pcd")) if PCL_DATA.is_dir() else []
 LAYOUT = make_layout(16, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7), ("rgb", 12, 6)])
 #: Backends to compare; cuda (marked gpu) only where it can run — test_decimate.py already
