@@ -148,8 +148,14 @@ class BridgeProcess:
     log: IO[str]
 
     @classmethod
-    async def start(cls, *args: str, env: dict[str, str] | None = None) -> BridgeProcess:
+    async def start(
+        cls, *args: str, env: dict[str, str] | None = None, cgroup: Path | None = None
+    ) -> BridgeProcess:
+        """Start ``simbridge serve``; with ``cgroup`` (a v1/v2 group directory) the process
+        enters that group before exec, so it finds it through /proc/self/cgroup at startup."""
         cmd = [sys.executable, "-m", "bridge.cli", "serve", "--host", "127.0.0.1", *args]
+        if cgroup is not None:
+            cmd = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$0" "$@"', *cmd]
         full_env = {**os.environ, "BRIDGE_ADAPT": "false", **(env or {})}
         log = tempfile.NamedTemporaryFile("w+", prefix="simbridge-", suffix=".log")  # noqa: SIM115
         proc = subprocess.Popen(  # noqa: ASYNC220  (spawning does not block; reads go to threads)
