@@ -276,3 +276,32 @@ async def test_grpc_frame_errors_are_reported_as_error_messages(
     assert reply.error.code == code and not reply.error.fatal
     await edge.close()
     assert metric(bridge, "bridge_rejected_messages_total", transport="grpc", reason=reason) == 1
+
+
+async def test_bearer_token_required_when_configured() -> None:
+    async with running_bridge(auth_token="s3cret") as bridge:
+        async with connect(ws_url(bridge), compression=None) as ws:
+            await ws.send(hello("anon", "lidar").SerializeToString())
+            error = pb.BridgeMessage.FromString(await ws.recv(decode=False))
+            assert error.error.code == pb.UNAUTHENTICATED
+            with pytest.raises(ConnectionClosed):
+                await ws.recv()
+        grpc_edge = RawGrpcEdge(grpc_target(bridge))
+        await grpc_edge.send(hello("anon", "lidar").SerializeToString())
+        assert await grpc_edge.status() == grpc.StatusCode.UNAUTHENTICATED
+        await grpc_edge.close()
+        headers = {"Authorization": "Bearer s3cret"}
+        async with connect(ws_url(bridge), compression=None, additional_headers=headers) as ws:
+            await ws.send(hello("header", "lidar").SerializeToString())
+            assert pb.BridgeMessage.FromString(await ws.recv(decode=False)).HasField("welcome")
+        token_edge = EdgeClient(
+            "grpc", grpc_target(bridge), "token", [StreamConfig("lidar")], auth_token="s3cret"
+        )
+        await token_edge.start()
+        await token_edge.close()
+        assert (
+            metric(
+                bridge, "bridge_rejected_messages_total", transport="ws", reason="unauthenticated"
+            )
+            == 1
+        )
