@@ -101,7 +101,7 @@ def _execute(args: argparse.Namespace, s: Scenario) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
     rep["wall_s"] = round(time.monotonic() - started, 1)
-    stem = f"{s.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    stem = rep["stem"]  # the sink records and bridge logs of this run share it
     json_path = report_mod.write(rep, out, stem)
     png = _plot(rep, out / f"{stem}.png")
     if args.json:

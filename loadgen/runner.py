@@ -288,6 +288,7 @@ class Run:
         backend: str = "local",
         real_cpu: bool = True,
         progress: ProgressFn | None = None,
+        stem: str | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
@@ -308,8 +309,9 @@ class Run:
         self.disconnects_ns: list[int] = []
         self.steps = [StepRecord(i, st) for i, st in enumerate(scenario.resizes)]
         self.bridge_exit_codes: list[int] = []
-        self.record_path = out_dir / f"{scenario.name}-{mode}-sink.jsonl"
-        self.log_path = out_dir / f"{scenario.name}-{mode}-bridge.log"
+        stem = stem or scenario.name
+        self.record_path = out_dir / f"{stem}-{mode}-sink.jsonl"
+        self.log_path = out_dir / f"{stem}-{mode}-bridge.log"
         self.phase = "starting"
         self.t0_ns = 0
         self.t_end_ns = 0
@@ -719,12 +721,22 @@ async def run_scenario(
 
     baseline = baseline or scenario.baseline
     modes = ["in-place"] + (["restart"] if baseline == "restart" else [])
+    stem = f"{scenario.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     runs = []
     for mode in modes:
-        run = Run(scenario, mode, out_dir, backend=backend, real_cpu=real_cpu, progress=progress)
+        run = Run(
+            scenario,
+            mode,
+            out_dir,
+            backend=backend,
+            real_cpu=real_cpu,
+            progress=progress,
+            stem=stem,
+        )
         runs.append(await run.execute())
     return {
         "schema_version": SCHEMA_VERSION,
+        "stem": stem,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "scenario": scenario.as_dict(),
         "host": host_info(),
