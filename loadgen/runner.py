@@ -554,6 +554,10 @@ class Run:
         edge_totals = edge_summary(self.edges)
         for e in self.edges:
             await e.close()
+        # Let the bridge notice the closed connections before SIGTERM: its drain writes a Drain
+        # message to every connection it still holds, and a write to a gRPC stream the client
+        # has just cancelled raised out of shutdown once (exit 1; reported to the bridge owner).
+        await asyncio.sleep(0.3)
         if self.bridge is not None:
             self.bridge_exit_codes.append(await self.bridge.stop())
             self.bridge = None
