@@ -17,7 +17,7 @@ announced as dropped; ``gap_frames`` announced by the bridge (``gap`` marker) an
 ``duplicates`` extra copies; ``reorders`` frames that arrived after a higher seq of their stream;
 ``max_loss_burst`` the longest run of consecutive lost seqs of one stream; latency is
 ``received - scheduled``; ``max_stall_s`` the longest interval without any delivery, while edges
-were publishing, that overlaps the window (not clipped to it: a stall is as long as it was).
+were publishing, inside the window (clipped to it; the overall window sees each stall whole).
 """
 
 from __future__ import annotations
@@ -86,11 +86,12 @@ def stall_intervals(
 
 
 def max_stall_s(intervals: Sequence[tuple[int, int]], window: Window) -> float:
-    """Longest interval overlapping ``window`` (full length)."""
+    """Longest interval without delivery inside ``window`` (clipped to it). Clipped, because a
+    stall that began 10 ms before a restart must not be charged in full to the steady phase
+    before it; the overall window sees every stall whole."""
     best = 0
     for a, b in intervals:
-        if a < window.end_ns and b > window.start_ns:
-            best = max(best, b - a)
+        best = max(best, min(b, window.end_ns) - max(a, window.start_ns))
     return round(best / 1e9, 4)
 
 

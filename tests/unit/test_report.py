@@ -91,6 +91,15 @@ def test_same_numbers_through_the_sinks_record_file(tmp_path: Path) -> None:
     )
 
 
+def test_stalls_are_clipped_to_the_window() -> None:
+    # [700, 800) sits inside the 560->760 and 760->1100 gaps: it saw 60 ms of the first
+    (c,) = account(
+        PUBLISHED, RECORDS, [Window("C", "steady", 700 * MS, 800 * MS)], publishing=(0, 1100 * MS)
+    )
+    assert c["max_stall_s"] == 0.06
+    assert (c["published"], c["delivered"], c["lost"]) == (1, 1, 0)  # seq 7
+
+
 def test_unlogged_frames_fall_back_to_capture_time() -> None:
     # nothing published in our log, but the sink saw seq 1: it is counted, not lost
     (w,) = account([], [(rec(1, 150), False)], [A], publishing=(0, 500 * MS))
