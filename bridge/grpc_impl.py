@@ -67,8 +67,11 @@ class GrpcTransport:
     async def send(self, data: bytes) -> None:
         try:
             await self.context.write(data)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, RuntimeError) as exc:
-            raise ConnectionError(str(exc)) from None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a peer that just cancelled fails the write in several ways
+            # (AioRpcError, InvalidStateError, cygrpc's ExecuteBatchError): all mean "gone".
+            raise ConnectionError(f"{type(exc).__name__}: {exc}") from None
 
     async def reject(self, error: ProtocolError) -> None:
         self.context.set_code(status_code(error))

@@ -488,6 +488,9 @@ class _GrpcConn:
         return msg  # type: ignore[no-any-return]
 
     async def close(self) -> None:
+        # End the request generator too, or it stays parked on the queue after the cancel.
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(None)
         self._call.cancel()
         await self._channel.close()
 
