@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
-.PHONY: run test lint proto venv sysdeps bench-relay bench-decimate bench-adapt clean
+.PHONY: run test lint proto venv sysdeps bench-relay bench-decimate bench-adapt test-sanitize clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,14 @@ lint: venv
 # Regenerate the protobuf/gRPC modules under bridge/v1 (tests fail when they are stale).
 proto: venv
 	$(PY) -m bridge.protogen
+
+# The C kernel under ASan/UBSan (like msgspec's sanitizer CI), then rebuilt normally.
+test-sanitize: venv
+	BRIDGE_SANITIZE=1 BRIDGE_BUILD_NATIVE=yes $(PY) -m pip install -q -e . --no-deps --no-build-isolation
+	ASAN_OPTIONS=detect_leaks=0 \
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so):$$(gcc -print-file-name=libubsan.so)" \
+	  $(PY) -m pytest -q -p no:cacheprovider tests/unit/test_decimate.py; \
+	status=$$?; $(PY) -m pip install -q -e . --no-deps --no-build-isolation; exit $$status
 
 bench-relay: venv
 	$(PY) -m benchmarks.relay
