@@ -160,6 +160,8 @@ def field_view(layout: CloudLayout, data: bytes | memoryview, name: str) -> npt.
     """Zero-copy strided 1-D view of one field."""
     spec = layout.field(name)
     n = point_count(layout, len(data))
+    if n == 0:  # NumPy refuses a strided view into an empty buffer
+        return np.empty(0, dtype=spec.type.dtype)
     base = np.frombuffer(data, dtype=np.uint8)
     return np.ndarray(
         shape=(n,), dtype=spec.type.dtype, buffer=base, offset=spec.offset, strides=(layout.stride,)
@@ -170,6 +172,10 @@ def xyz_view(layout: CloudLayout, data: bytes | memoryview) -> npt.NDArray[np.fl
     """Zero-copy (n, 3) view when x, y, z are consecutive and share a dtype; else an (n, 3) copy."""
     fx, fy, fz = (layout.field(a) for a in XYZ)
     n = point_count(layout, len(data))
+    if n == 0:
+        return np.empty(
+            (0, 3), dtype=fx.type.dtype if fx.type == fy.type == fz.type else np.float64
+        )
     if fx.type == fy.type == fz.type and fy.offset == fx.end and fz.offset == fy.end:
         base = np.frombuffer(data, dtype=np.uint8)
         return np.ndarray(

@@ -1,0 +1,132 @@
+"""Codec and cloud layout: property tests over random field layouts and messages."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bridge import codec
+from bridge.cloud import FieldType, field_view, make_layout, point_count, records, xyz_view
+from bridge.errors import FrameTooLarge, InvalidLayout, MalformedMessage, TooManyPoints
+from bridge.v1 import bridge_pb2 as pb
+
+LIMITS = codec.Limits(max_frame_bytes=1 << 20, max_points=10_000, max_streams_per_session=8)
+
+field_st = st.tuples(
+    st.sampled_from(["x", "y", "z", "rgb", "intensity", "ring", "t"]),
+    st.integers(0, 40),
+    st.integers(0, 9),  # 0 and 9 are not valid types
+)
+
+
+def is_valid(stride: int, fields: list[tuple[str, int, int]]) -> bool:
+    """An independent statement of the layout rules."""
+    if stride <= 0 or len({n for n, _, _ in fields}) != len(fields):
+        return False
+    spans = []
+    for _name, offset, code in fields:
+        if code not in range(1, 9):
+            return False
+        size = FieldType(code).size
+        if offset + size > stride:
+            return False
+        spans.append((offset, offset + size))
+    spans.sort()
+    if any(b[0] < a[1] for a, b in itertools.pairwise(spans)):
+        return False
+    types = {n: c for n, _, c in fields}
+    return all(types.get(axis) in (7, 8) for axis in "xyz")
+
+
+@settings(max_examples=400, deadline=None)
+@given(stride=st.integers(-1, 48), fields=st.lists(field_st, max_size=6))
+def test_layout_validation_matches_the_rules(
+    stride: int, fields: list[tuple[str, int, int]]
+) -> None:
+    if is_valid(stride, fields):
+        layout = make_layout(stride, fields)
+        assert layout.stride == stride and len(layout.fields) == len(fields)
+    else:
+        with pytest.raises(InvalidLayout):
+            make_layout(stride, fields)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(0, 50),
+    pad=st.integers(0, 8),
+    dtype=st.sampled_from([(7, "<f4"), (8, "<f8")]),
+    seed=st.integers(0, 2**16),
+)
+def test_views_are_zero_copy_and_exact(n: int, pad: int, dtype: tuple[int, str], seed: int) -> None:
+    code, np_type = dtype
+    size = np.dtype(np_type).itemsize
+    stride = 3 * size + 2 + pad
+    layout = make_layout(
+        stride, [("x", 0, code), ("y", size, code), ("z", 2 * size, code), ("ring", 3 * size, 4)]
+    )
+    rng = np.random.default_rng(seed)
+    rec = np.zeros(n, dtype=layout.structured_dtype)
+    for axis in "xyz":
+        rec[axis] = rng.normal(size=n)
+    rec["ring"] = rng.integers(0, 64, size=n)
+    data = rec.tobytes()
+    xyz = xyz_view(layout, data)
+    assert np.shares_memory(xyz, np.frombuffer(data, dtype=np.uint8)) or n == 0
+    np.testing.assert_array_equal(xyz[:, 0], rec["x"])
+    np.testing.assert_array_equal(field_view(layout, data, "ring"), rec["ring"])
+    np.testing.assert_array_equal(records(layout, data)["z"], rec["z"])
+    assert point_count(layout, len(data)) == n
+
+
+def test_point_count_checks_length_and_limit() -> None:
+    layout = make_layout(12, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7)])
+    with pytest.raises(InvalidLayout):
+        point_count(layout, 13)
+    with pytest.raises(TooManyPoints):
+        point_count(layout, 12 * 11, max_points=10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(raw=st.binary(max_size=200))
+def test_decode_edge_never_crashes_on_garbage(raw: bytes) -> None:
+    try:
+        msg = codec.decode_edge(raw, LIMITS)
+    except MalformedMessage:
+        return
+    assert msg.WhichOneof("kind") in ("hello", "frame")
+
+
+@settings(max_examples=100, deadline=None)
+@given(device=st.text(max_size=20), seq=st.integers(1, 2**63), blob=st.binary(max_size=100))
+def test_decode_edge_round_trips(device: str, seq: int, blob: bytes) -> None:
+    frame = pb.EdgeMessage(
+        frame=pb.Frame(stream_id=device, seq=seq, telemetry=pb.Telemetry(blob=blob))
+    )
+    assert codec.decode_edge(frame.SerializeToString(), LIMITS) == frame
+
+
+def test_decode_edge_refuses_oversize_and_empty() -> None:
+    with pytest.raises(FrameTooLarge):
+        codec.decode_edge(b"\x00" * (LIMITS.max_frame_bytes + 1), LIMITS)
+    with pytest.raises(MalformedMessage, match="neither"):
+        codec.decode_edge(b"", LIMITS)
+
+
+def test_cloud_layout_uses_the_cache_only_for_the_same_layout() -> None:
+    cloud = pb.PointCloud(
+        point_stride=12,
+        fields=[pb.PackedField(name=a, offset=4 * i, type=pb.FLOAT32) for i, a in enumerate("xyz")],
+        data=b"\x00" * 24,
+    )
+    layout, points, key = codec.cloud_layout(cloud, LIMITS)
+    assert points == 2
+    again, _, _ = codec.cloud_layout(cloud, LIMITS, (key, layout))
+    assert again is layout
+    cloud.fields[2].offset = 6  # overlaps y now: must be validated, not taken from the cache
+    with pytest.raises(InvalidLayout):
+        codec.cloud_layout(cloud, LIMITS, (key, layout))
