@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from pathlib import Path
 
@@ -104,3 +105,27 @@ async def test_sigkill_then_restart_edges_resume_and_sink_gets_every_frame_once(
                 second.signal(signal.SIGTERM)
                 assert await second.wait() == 0
                 second.kill()
+
+
+async def test_a_second_sigint_forces_exit_while_draining(free_port: int) -> None:
+    # The sink is down, so the drain would wait the whole grace period for buffered frames.
+    bridge = await BridgeProcess.start(
+        "--sink-address", f"127.0.0.1:{free_port}", "--passthrough",
+        "--drain-grace-seconds", "60",
+    )  # fmt: skip
+    edge = EdgeClient("ws", bridge.ws_url, "dev", [StreamConfig("lidar")])
+    try:
+        await edge.start()
+        for _ in range(5):
+            await edge.publish("lidar", synthetic(1000).to_proto())
+        assert await edge.wait_for(lambda: edge.core.streams["lidar"].accepted == 5)
+        bridge.signal(signal.SIGINT)
+        assert await edge.wait_for(lambda: edge.stats.drains >= 1)
+        with contextlib.suppress(TimeoutError):
+            await bridge.wait(timeout=0.5)
+        assert bridge.proc.returncode is None, "the first SIGINT drains (frames still buffered)"
+        bridge.signal(signal.SIGINT)
+        assert await bridge.wait(timeout=10) == 130
+    finally:
+        await edge.close()
+        bridge.kill()
