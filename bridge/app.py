@@ -114,8 +114,6 @@ class BridgeService:
             self.metrics.subscriber_dropped.inc(dropped)
         if self.pusher is not None:
             self.pusher.wake()
-        if self.core.auto_ack:
-            pass  # the core acknowledges right after this call
 
     def on_evicted(self, stream: Stream, count: int) -> None:
         self.metrics.frames_dropped.labels("drop_oldest").inc(count)
@@ -272,6 +270,10 @@ class BridgeService:
                 else "none"
             )
             self.metrics.decimation_seconds.labels(backend).observe(spent)
+
+    def spawn(self, coro: Any, name: str) -> None:
+        """Run a background task owned by the service (kept referenced, cancelled on close)."""
+        self._spawn(coro, name)
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)

@@ -77,9 +77,9 @@ class GrpcTransport:
         self.context.set_code(status_code(error))
         self.context.set_details(str(error))
 
-    async def close_going_away(self) -> None:
+    async def close_going_away(self, reason: str = "bridge shutting down") -> None:
         self.context.set_code(grpc.StatusCode.UNAVAILABLE)
-        self.context.set_details("bridge shutting down")
+        self.context.set_details(reason)
 
 
 def _bearer(context: grpc.aio.ServicerContext[Any, Any]) -> str:

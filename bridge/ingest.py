@@ -56,7 +56,7 @@ class EdgeTransport(Protocol):
     async def reject(self, error: ProtocolError) -> None:
         """Report a fatal error the transport's way (close code / status) and end the call."""
 
-    async def close_going_away(self) -> None: ...
+    async def close_going_away(self, reason: str = "bridge shutting down") -> None: ...
 
 
 class EdgeConnection:
@@ -68,6 +68,8 @@ class EdgeConnection:
         self.acks_due = asyncio.Event()
         self.closed = asyncio.Event()
         self._send_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._superseded = False
 
     async def send(self, msg: pb.BridgeMessage) -> None:
         async with self._send_lock:
@@ -78,6 +80,7 @@ class EdgeConnection:
         metrics = hub.metrics
         transport = self.transport.name
         metrics.connections.labels(transport).inc()
+        self._task = asyncio.current_task()
         ack_task: asyncio.Task[None] | None = None
         try:
             raw = await self.transport.recv()
@@ -91,7 +94,13 @@ class EdgeConnection:
                 if hub.draining:
                     await self.send(self._drain_message())
                     return
+                prior = hub.core.by_device.get(msg.hello.device_id)
+                superseded = prior.connection if prior is not None and prior.attached else None
                 self.session, welcome = hub.core.hello(msg.hello, self)
+                if isinstance(superseded, EdgeConnection) and superseded is not self:
+                    # The device reconnected while its old connection looked alive (half-open):
+                    # one connection per session, the newest wins.
+                    hub.spawn(superseded.supersede(), "close-superseded")
             except ProtocolError as exc:
                 await self._refuse(exc, fatal=True)
                 return
@@ -107,7 +116,15 @@ class EdgeConnection:
                 welcome.resumed,
             )
             ack_task = asyncio.create_task(self._ack_writer(), name="ack-writer")
-            await self._read_loop()
+            try:
+                await self._read_loop()
+            except asyncio.CancelledError:
+                if not self._superseded:
+                    raise
+                # Our own cancel (see supersede): end the call normally so the transport sends
+                # its close/status to the old peer instead of treating it as a client cancel.
+                if self._task is not None:
+                    self._task.uncancel()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -238,6 +255,14 @@ class EdgeConnection:
                 reconnect_after_ms=self.hub.settings.reconnect_after_ms, reason="shutting down"
             )
         )
+
+    async def supersede(self) -> None:
+        """Close this connection because its session moved to a newer one."""
+        self._superseded = True
+        with contextlib.suppress(Exception):
+            await self.transport.close_going_away("superseded by a newer connection")
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
 
     async def drain(self) -> None:
         """Tell the edge we are going away; it reconnects (elsewhere or to our successor) later."""

@@ -52,6 +52,9 @@ class SinkPusher:
             ("grpc.max_send_message_length", max_msg),
             ("grpc.max_receive_message_length", max_msg),
             ("grpc.initial_reconnect_backoff_ms", 100),
+            # A fresh subchannel per attempt: a shared one may still sit in gRPC's own backoff
+            # after the sink restarted, stalling our reconnect for seconds.
+            ("grpc.use_local_subchannel_pool", 1),
             ("grpc.max_reconnect_backoff_ms", int(settings.sink_backoff_max_seconds * 1000)),
         ]
         while True:

@@ -60,8 +60,8 @@ class WsTransport:
     async def reject(self, error: ProtocolError) -> None:
         await self.ws.close(close_code(error), str(error)[:120])
 
-    async def close_going_away(self) -> None:
-        await self.ws.close(int(CloseCode.GOING_AWAY), "bridge shutting down")
+    async def close_going_away(self, reason: str = "bridge shutting down") -> None:
+        await self.ws.close(int(CloseCode.GOING_AWAY), reason)
 
 
 def _bearer(headers: Headers) -> str:

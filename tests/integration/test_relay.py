@@ -7,6 +7,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from websockets.asyncio.client import connect
 
 from bridge.cloud import make_layout
 from bridge.decimate import get_decimator
@@ -15,7 +16,16 @@ from bridge.v1 import bridge_pb2_grpc
 from loadgen.clouds import synthetic
 from loadgen.edge import EdgeClient, StreamConfig
 from loadgen.sink import SinkServer
-from tests.integration.harness import grpc_target, metric, running_bridge, wait_until, ws_url
+from tests.integration.harness import (
+    RawGrpcEdge,
+    cloud_frame,
+    grpc_target,
+    hello,
+    metric,
+    running_bridge,
+    wait_until,
+    ws_url,
+)
 
 FRAMES = 12
 
@@ -150,3 +160,25 @@ async def test_subscribers_get_frames_and_a_slow_one_gets_gaps_without_slowing_o
         slow.cancel()
         await edge.close()
         await channel.close()
+
+
+async def test_a_device_reconnecting_supersedes_its_half_open_connection() -> None:
+    async with running_bridge(passthrough=True) as bridge:
+        old_grpc = RawGrpcEdge(grpc_target(bridge))
+        await old_grpc.send(hello("dev", "lidar").SerializeToString())
+        first = await old_grpc.recv()
+        assert first is not None and first.HasField("welcome")
+        async with connect(ws_url(bridge), compression=None) as ws:
+            await ws.send(hello("dev", "lidar").SerializeToString())
+            welcome = pb.BridgeMessage.FromString(await ws.recv(decode=False))
+            assert welcome.welcome.resumed
+            assert welcome.welcome.session_id == first.welcome.session_id
+            # The old connection is closed by the bridge; the new one works.
+            assert await old_grpc.status() != grpc.StatusCode.OK
+            await ws.send(pb.EdgeMessage(frame=cloud_frame("lidar", 1)).SerializeToString())
+            while True:
+                msg = pb.BridgeMessage.FromString(await ws.recv(decode=False))
+                if msg.HasField("ack") and msg.ack.streams[0].delivered_seq == 1:
+                    break
+            assert bridge.core.attached_sessions == 1
+        await old_grpc.close()
