@@ -24,6 +24,7 @@ from bridge.decimate import Decimator, get_decimator
 from bridge.grpc_impl import build_server, set_health
 from bridge.http_impl import OpsHttpServer
 from bridge.ingest import EdgeConnection
+from bridge.memtrim import release_free_heap
 from bridge.metrics import BridgeMetrics
 from bridge.processing import Processor
 from bridge.push_impl import SinkPusher
@@ -91,6 +92,7 @@ class BridgeService:
         self._health: Any = None
         self._http: OpsHttpServer | None = None
         self._baseline_rss = _rss_bytes()
+        self._trim_after_shrink = False
         self.started_at = time.monotonic()
 
     # -- Listener (called synchronously by the core) -----------------------------------------
@@ -141,8 +143,11 @@ class BridgeService:
             self.processor.kick()
 
     def set_ring_budget(self, total_bytes: int, per_stream_floor: int) -> None:
+        before = self.core.ring_capacity_per_stream
         self.core.set_ring_budget(total_bytes, per_stream_floor)
         self.metrics.ring_capacity.set(self.core.ring_capacity_per_stream)
+        if self.core.ring_capacity_per_stream < before:
+            self._trim_after_shrink = True  # see _housekeeping
 
     def set_gpu_healthy(self, healthy: bool) -> None:
         if self.processor is None or self.decimator is None:
@@ -292,7 +297,18 @@ class BridgeService:
                     self._space.pop(stream.key, None)
             self.metrics.ring_occupancy.set(self.core.buffered_bytes)
             self.metrics.ring_frames.set(self.core.buffered_frames)
-            await asyncio.sleep(0.5)
+            if self._trim_after_shrink and self._rings_within_capacity():
+                # The shrink has drained: hand the freed heap back so memory.current falls and
+                # the kubelet's check for a pending memory decrease passes.
+                self._trim_after_shrink = False
+                released = await asyncio.to_thread(release_free_heap)
+                log.info("ring shrink drained; free heap %s", "released" if released else "kept")
+            await asyncio.sleep(0.25)
+
+    def _rings_within_capacity(self) -> bool:
+        return all(
+            s.ring.occupancy_bytes <= s.ring.capacity_bytes for s in self.core.streams.values()
+        )
 
     def request_stop(self) -> None:
         self._stop.set()

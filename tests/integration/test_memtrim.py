@@ -1,0 +1,32 @@
+"""release_free_heap: glibc malloc_trim where present, a harmless no-op elsewhere; and the bridge
+calls it once a planned ring shrink has drained (so memory.current can fall)."""
+
+from __future__ import annotations
+
+import ctypes.util
+
+import pytest
+
+from bridge import app as app_mod
+from bridge import memtrim
+from tests.integration.harness import running_bridge, wait_until
+
+
+def test_missing_libc_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    assert memtrim._load() is None
+    monkeypatch.setattr(memtrim, "_TRIM", None)
+    assert memtrim.release_free_heap() is False
+
+
+async def test_bridge_trims_the_heap_once_after_a_shrink_drains(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(app_mod, "release_free_heap", lambda: calls.append(1) or True)
+    async with running_bridge(ring_budget_bytes=256 << 20, max_frame_bytes=1 << 20) as bridge:
+        bridge.set_ring_budget(512 << 20, 1 << 20)  # a grow does nothing...
+        assert not await wait_until(lambda: bool(calls), timeout=0.6)
+        bridge.set_ring_budget(64 << 20, 1 << 20)  # ...a shrink trims once it has drained
+        assert await wait_until(lambda: len(calls) == 1, timeout=3)
+        assert not await wait_until(lambda: len(calls) > 1, timeout=0.6)
