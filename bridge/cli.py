@@ -36,6 +36,10 @@ def _serve(argv: list[str]) -> int:
         print(f"simbridge: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_format, settings.log_level)
+    if settings.tune_allocator:
+        from bridge.memtrim import tune_allocator
+
+        tune_allocator()
     try:
         import uvloop
 

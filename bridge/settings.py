@@ -65,6 +65,7 @@ class Settings:
     resize_pending_timeout_seconds: float = 60.0  # raise an Event when a resize pends this long
     adapt: bool = True  # re-plan workers / ring budgets / GPU from the limits the pod has
     # Operations
+    tune_allocator: bool = True  # glibc: frames from the heap, trimmed after planned shrinks
     log_format: str = "text"  # text | json
     log_level: str = "INFO"
     auth_token: str = ""  # optional bearer token required from edges (Hello.auth_token / header)

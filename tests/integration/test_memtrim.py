@@ -30,3 +30,13 @@ async def test_bridge_trims_the_heap_once_after_a_shrink_drains(
         bridge.set_ring_budget(64 << 20, 1 << 20)  # ...a shrink trims once it has drained
         assert await wait_until(lambda: len(calls) == 1, timeout=3)
         assert not await wait_until(lambda: len(calls) > 1, timeout=0.6)
+
+
+def test_tune_allocator_is_accepted_by_glibc_or_reports_why_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if memtrim._libc() is None or not hasattr(memtrim._libc(), "mallopt"):
+        pytest.skip("no glibc mallopt on this platform")
+    assert memtrim.tune_allocator() is True
+    monkeypatch.setattr(memtrim, "_libc", lambda: None)
+    assert memtrim.tune_allocator() is False
