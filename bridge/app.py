@@ -105,6 +105,8 @@ class BridgeService:
         conn = session.connection
         if isinstance(conn, EdgeConnection):
             conn.acks_due.set()
+            if session.ack_urgent:
+                conn.acks_urgent.set()
 
     def on_work(self) -> None:
         if self.processor is not None:

@@ -209,7 +209,7 @@ class BridgeCore:
             )
         if frame.seq <= stream.accepted_seq:
             stream.conn_last_seq = frame.seq
-            self._mark_dirty(stream)
+            self._mark_dirty(stream, urgent=True)
             return Offer.DUPLICATE
         layout, points = self._validate_payload(stream, frame)
         gap = None
@@ -227,7 +227,7 @@ class BridgeCore:
             stream.upstream_gap_frames += gap.count
         stream.conn_last_seq = frame.seq
         stream.accepted_seq = frame.seq
-        self._mark_dirty(stream)
+        self._mark_dirty(stream, urgent=False)
         if stream.key not in self._queued:
             self._queued.add(stream.key)
             self._work_queue.append(stream)
@@ -298,7 +298,7 @@ class BridgeCore:
             stream.delivered_seq = max(stream.delivered_seq, entry.seq)
             touched[stream.key] = stream
         for stream in touched.values():
-            self._mark_dirty(stream)
+            self._mark_dirty(stream, urgent=True)
             self.listener.on_space(stream)
         return delivered
 
@@ -318,16 +318,19 @@ class BridgeCore:
             stream.ring.ack(seq)
             stream.delivered_seq = seq
             stream.accepted_seq = max(stream.accepted_seq, seq)
-            self._mark_dirty(stream)
+            self._mark_dirty(stream, urgent=True)
             self.listener.on_space(stream)
         self.egress.trim_removed()
 
-    def _mark_dirty(self, stream: Stream) -> None:
-        for session in (self.by_device.get(stream.device_id),):
-            if session is not None and stream.stream_id in session.streams:
-                session.dirty.add(stream.stream_id)
-                if session.attached:
-                    self.listener.on_acks(session)
+    def _mark_dirty(self, stream: Stream, *, urgent: bool) -> None:
+        """Note an ack change. ``urgent`` (delivered moved, or a duplicate to re-ack) is sent
+        promptly; an accepted-only change may wait a little to ride along with the next one."""
+        session = self.by_device.get(stream.device_id)
+        if session is not None and stream.stream_id in session.streams:
+            session.dirty.add(stream.stream_id)
+            session.ack_urgent = session.ack_urgent or urgent
+            if session.attached:
+                self.listener.on_acks(session)
 
     def take_acks(self, session: Session) -> pb.Ack | None:
         """The Ack to send for streams whose state changed since the last one."""
@@ -345,6 +348,7 @@ class BridgeCore:
                     )
                 )
         session.dirty.clear()
+        session.ack_urgent = False
         return pb.Ack(streams=acks) if acks else None
 
     # -- capacity ---------------------------------------------------------------------------

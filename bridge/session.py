@@ -55,12 +55,14 @@ class Session:
     attached: bool = False
     connection: object | None = None  # opaque handle owned by the ingest adapter
     dirty: set[str] = field(default_factory=set)  # stream ids whose ack state changed
+    ack_urgent: bool = False  # a delivered_seq moved (or a duplicate needs its re-ack)
     detached_at: float = 0.0
 
     def reset_connection_state(self) -> None:
         for stream in self.streams.values():
             stream.conn_last_seq = 0
         self.dirty.update(self.streams)
+        self.ack_urgent = True
 
     @property
     def buffered_frames(self) -> int:

@@ -57,6 +57,7 @@ class Settings:
     ping_interval_seconds: float = 20.0
     ping_timeout_seconds: float = 20.0
     ack_interval_seconds: float = 0.01  # acks to edges are coalesced over this interval
+    ack_accepted_delay_seconds: float = 0.05  # an accepted-only ack waits for a delivered one
     session_ttl_seconds: float = 300.0
     drain_grace_seconds: float = 20.0
     reconnect_after_ms: int = 1000
