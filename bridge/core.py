@@ -115,6 +115,7 @@ class BridgeCore:
         if session is None:
             if self.attached_sessions >= self.config.max_sessions:
                 raise TooManySessions(f"session limit {self.config.max_sessions} reached")
+            self._make_room_for_a_session()
             session = Session(session_id=uuid.uuid4().hex, device_id=hello.device_id)
         elif not session.attached and self.attached_sessions >= self.config.max_sessions:
             raise TooManySessions(f"session limit {self.config.max_sessions} reached")
@@ -156,6 +157,29 @@ class BridgeCore:
         )
         return session, welcome
 
+    def _make_room_for_a_session(self) -> None:
+        """Detached sessions are kept for resume, but never more than ``max_sessions`` of them:
+        forget the longest-detached one that holds no frames, or refuse the new session."""
+        detached = [s for s in self.sessions.values() if not s.attached]
+        if len(detached) < self.config.max_sessions:
+            return
+        idle = [s for s in detached if s.buffered_frames == 0]
+        if not idle:
+            raise TooManySessions(
+                f"{len(detached)} detached sessions still hold undelivered frames"
+            )
+        self._forget([min(idle, key=lambda s: s.detached_at)])
+
+    def _forget(self, sessions: list[Session]) -> None:
+        for session in sessions:
+            del self.sessions[session.session_id]
+            if self.by_device.get(session.device_id) is session:
+                del self.by_device[session.device_id]
+            for stream in session.streams.values():
+                self.streams.pop(stream.key, None)
+        if sessions:
+            self._rebalance_rings()
+
     def _stream_config(self, spec: pb.StreamSpec) -> StreamConfig:
         if not spec.stream_id:
             raise ProtocolViolation("StreamSpec without a stream_id")
@@ -185,14 +209,7 @@ class BridgeCore:
             for s in self.sessions.values()
             if not s.attached and now - s.detached_at >= ttl and s.buffered_frames == 0
         ]
-        for session in gone:
-            del self.sessions[session.session_id]
-            if self.by_device.get(session.device_id) is session:
-                del self.by_device[session.device_id]
-            for stream in session.streams.values():
-                self.streams.pop(stream.key, None)
-        if gone:
-            self._rebalance_rings()
+        self._forget(gone)
         return gone
 
     # -- ingest -----------------------------------------------------------------------------

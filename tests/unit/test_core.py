@@ -229,3 +229,25 @@ def test_drop_oldest_stream_from_hello() -> None:
     assert rec.evicted == 2
     first = next(iter(s.streams["a"].ring))
     assert first.seq == 3 and first.gap is not None and first.gap.count == 2
+
+
+def test_detached_sessions_are_bounded() -> None:
+    core, _ = make_core(max_sessions=2)
+    for i in range(2):
+        conn = f"c{i}"
+        s, _ = core.hello(hello(f"d{i}"), conn)
+        core.detach(s, conn, now=float(i))
+    # Two detached, idle sessions: a third device makes the oldest one go.
+    s2, _ = core.hello(hello("d2"), "c2")
+    assert "d0" not in core.by_device and {"d1", "d2"} <= set(core.by_device)
+    assert core.offer(s2, cloud_frame("lidar", 1), 100, 0) is Offer.ACCEPTED
+    core.detach(s2, "c2", now=3.0)
+    # Now d1 (idle) and d2 (holding a frame) are detached: d1 goes, d2 is kept.
+    core.hello(hello("d3"), "c3")
+    assert "d1" not in core.by_device and "d2" in core.by_device
+    core.detach(core.by_device["d3"], "c3", now=4.0)
+    s4, _ = core.hello(hello("d4"), "c4")  # d3 idle goes
+    core.offer(s4, cloud_frame("lidar", 1), 100, 0)
+    core.detach(s4, "c4", now=5.0)
+    with pytest.raises(TooManySessions, match="undelivered"):
+        core.hello(hello("d5"), "c5")  # d2 and d4 both hold frames
