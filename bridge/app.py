@@ -32,6 +32,7 @@ from bridge.ring import Entry, Policy
 from bridge.session import Session, Stream, StreamKey
 from bridge.settings import Settings
 from bridge.subscribers import SubscriberSet
+from bridge.tls import grpc_server_credentials
 from bridge.workers import WorkerPool
 
 log = logging.getLogger("bridge.app")
@@ -192,7 +193,13 @@ class BridgeService:
         self.metrics.workers.set(self.pool.size)
         self.metrics.ring_capacity.set(self.core.ring_capacity_per_stream)
         self._grpc_server, self._health = build_server(self)
-        grpc_port = self._grpc_server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+        grpc_address = f"{settings.host}:{settings.grpc_port}"
+        credentials = grpc_server_credentials(settings)
+        grpc_port = (
+            self._grpc_server.add_secure_port(grpc_address, credentials)
+            if credentials is not None
+            else self._grpc_server.add_insecure_port(grpc_address)
+        )
         await self._grpc_server.start()
         from bridge.ws_impl import start_ws_server
 

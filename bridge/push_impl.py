@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from bridge.egress import frame_bytes
+from bridge.tls import sink_channel_credentials
 from bridge.v1 import bridge_pb2 as pb
 
 if TYPE_CHECKING:
@@ -59,7 +60,13 @@ class SinkPusher:
         ]
         while True:
             self.service.metrics.sink_reconnects.inc()
-            async with grpc.aio.insecure_channel(self.address, options=options) as channel:
+            credentials = sink_channel_credentials(settings)
+            channel = (
+                grpc.aio.secure_channel(self.address, credentials, options=options)
+                if credentials is not None
+                else grpc.aio.insecure_channel(self.address, options=options)
+            )
+            async with channel:
                 try:
                     if await self._session(channel):
                         attempt = 0

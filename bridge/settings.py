@@ -70,6 +70,14 @@ class Settings:
     log_format: str = "text"  # text | json
     log_level: str = "INFO"
     auth_token: str = ""  # optional bearer token required from edges (Hello.auth_token / header)
+    # TLS (PEM files; empty = plaintext). The server pair serves WSS and gRPC; a client CA makes
+    # edges present certificates (mTLS). The sink trio makes the push connection TLS / mTLS.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+    sink_ca_file: str = ""
+    sink_cert_file: str = ""
+    sink_key_file: str = ""
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -196,6 +204,30 @@ def validate(s: Settings) -> list[str]:
             problems.append(f"{f.name}: must be > 0")
     if s.sink_backoff_initial_seconds > s.sink_backoff_max_seconds:
         problems.append("sink_backoff_initial_seconds: must be <= sink_backoff_max_seconds")
+    problems += _tls_problems(s)
+    return problems
+
+
+def _tls_problems(s: Settings) -> list[str]:
+    problems = []
+    for a, b in (("tls_cert_file", "tls_key_file"), ("sink_cert_file", "sink_key_file")):
+        if bool(getattr(s, a)) != bool(getattr(s, b)):
+            problems.append(f"{a} and {b}: set both or neither")
+    if s.tls_client_ca_file and not s.tls_cert_file:
+        problems.append("tls_client_ca_file: needs tls_cert_file/tls_key_file (a TLS server)")
+    if s.sink_cert_file and not s.sink_ca_file:
+        problems.append("sink_cert_file: mTLS to the sink also needs sink_ca_file")
+    for name in (
+        "tls_cert_file",
+        "tls_key_file",
+        "tls_client_ca_file",
+        "sink_ca_file",
+        "sink_cert_file",
+        "sink_key_file",
+    ):
+        path = getattr(s, name)
+        if path and not Path(path).is_file():
+            problems.append(f"{name}: {path} is not a readable file")
     return problems
 
 

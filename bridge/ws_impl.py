@@ -19,6 +19,7 @@ from websockets.http11 import Request, Response
 
 from bridge.errors import FrameTooLarge, MalformedMessage, ProtocolError
 from bridge.ingest import EdgeConnection
+from bridge.tls import server_ssl_context
 
 if TYPE_CHECKING:
     from bridge.app import BridgeService as Hub
@@ -110,4 +111,5 @@ async def start_ws_server(hub: Hub, host: str, port: int) -> Server:
         ping_interval=settings.ping_interval_seconds,
         ping_timeout=settings.ping_timeout_seconds,
         close_timeout=2.0,
+        ssl=server_ssl_context(settings),
     )

@@ -89,10 +89,13 @@ class SinkServer:
         fsync: bool = True,
         on_frame: Callable[[pb.ProcessedFrame], None] | None = None,
         clock: Callable[[], int] = time.time_ns,
+        # Security: TLS (or mTLS) credentials; None = plaintext
+        server_credentials: grpc.ServerCredentials | None = None,
     ) -> None:
         if ack_batch_frames < 1:
             raise ValueError("ack_batch_frames must be >= 1")
         self.listen = listen
+        self.server_credentials = server_credentials
         self.record = SinkRecord()
         self.max_message_bytes = max_message_bytes
         self.ack_batch_frames = ack_batch_frames
@@ -126,7 +129,11 @@ class SinkServer:
         bridge_pb2_grpc.add_VisualizationSinkServicer_to_server(  # type: ignore[no-untyped-call]
             _Servicer(self), self._server
         )
-        self.port = self._server.add_insecure_port(self.listen)
+        self.port = (
+            self._server.add_secure_port(self.listen, self.server_credentials)
+            if self.server_credentials is not None
+            else self._server.add_insecure_port(self.listen)
+        )
         if not self.port:
             raise OSError(f"cannot bind {self.listen}")
         await self._server.start()
