@@ -874,6 +874,15 @@ def test_rendered_env_is_accepted_by_the_bridge(renderer: Renderer, values_file:
     unknown = [n for n in names if n.startswith("BRIDGE_") and n not in known]
     assert not unknown, f"the bridge does not read {unknown}"
     plain = {e["name"]: e["value"] for e in env_list if "value" in e}
+    # File settings (TLS material) point into the container: they must lie under a volume mount;
+    # for loading them here, any readable file stands in.
+    mounts = [
+        m["mountPath"] for m in bridge_container(renderer.ci(values_file)).get("volumeMounts", [])
+    ]
+    for name, value in list(plain.items()):
+        if name.endswith("_FILE"):
+            assert any(value.startswith(m.rstrip("/") + "/") for m in mounts), (name, value)
+            plain[name] = __file__
     settings = settings_mod.load(flags={}, env=plain)
     assert settings.log_format == plain["BRIDGE_LOG_FORMAT"]
     assert settings.decimate_backend == plain["BRIDGE_DECIMATE_BACKEND"]
