@@ -94,7 +94,6 @@ class BridgeService:
         self._http: OpsHttpServer | None = None
         self._baseline_rss = _rss_bytes()
         self._trim_after_shrink = False
-        self.started_at = time.monotonic()
 
     # -- Listener (called synchronously by the core) -----------------------------------------
     def on_space(self, stream: Stream) -> None:

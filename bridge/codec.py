@@ -65,15 +65,3 @@ def cloud_layout(
     else:
         layout = make_layout(key[0], list(key[1]))
     return layout, point_count(layout, len(cloud.data), limits.max_points), key
-
-
-def encode(msg: pb.BridgeMessage) -> bytes:
-    return msg.SerializeToString()
-
-
-def error_message(code: int, text: str, *, stream_id: str = "", seq: int = 0, fatal: bool) -> bytes:
-    return encode(
-        pb.BridgeMessage(
-            error=pb.Error(code=code, message=text, stream_id=stream_id, seq=seq, fatal=fatal)  # type: ignore[arg-type]
-        )
-    )

@@ -67,7 +67,6 @@ class EdgeConnection:
         self.session: Session | None = None
         self.acks_due = asyncio.Event()
         self.acks_urgent = asyncio.Event()
-        self.closed = asyncio.Event()
         self._send_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._superseded = False
@@ -136,7 +135,6 @@ class EdgeConnection:
                 hub.core.detach(self.session, self, time.monotonic())
                 metrics.sessions.set(hub.core.attached_sessions)
             metrics.connections.labels(transport).dec()
-            self.closed.set()
 
     def _authenticate(self, hello: pb.Hello) -> None:
         expected = self.hub.settings.auth_token
@@ -186,11 +184,11 @@ class EdgeConnection:
             if outcome is Offer.DUPLICATE:
                 hub.metrics.frames_duplicate.inc()
                 break
-            if not hub.core.fits(self.session, frame, size):
-                # Only possible after a live shrink below one frame; wait for the budget to grow.
-                log.warning("frame of %d bytes exceeds the ring capacity; waiting", size)
             if not paused:
                 paused = True
+                if not hub.core.fits(self.session, frame, size):
+                    # Only after a live shrink below one frame: wait for the budget to grow.
+                    log.warning("frame of %d bytes exceeds the ring capacity; waiting", size)
                 hub.metrics.backpressure.inc()
                 await self.send(
                     pb.BridgeMessage(

@@ -20,7 +20,6 @@ class Subscriber:
         self.stream_ids = stream_ids
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=queue_frames)
         self.missed: dict[StreamKey, Gap] = {}
-        self.dropped = 0
 
     def wants(self, stream: Stream) -> bool:
         return not self.stream_ids or stream.stream_id in self.stream_ids
@@ -31,7 +30,6 @@ class Subscriber:
         if self.queue.full():
             gap = Gap(entry.seq, entry.seq, 1, "slow_subscriber")
             self.missed[stream.key] = gap if missed is None else missed.merge(gap)
-            self.dropped += 1
             return False
         if missed is not None:
             del self.missed[stream.key]
