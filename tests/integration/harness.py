@@ -89,6 +89,16 @@ def hello(device: str, *streams: str, **kw: Any) -> pb.EdgeMessage:
     return pb.EdgeMessage(hello=pb.Hello(device_id=device, streams=specs, **kw))
 
 
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    head, _, body = raw.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
 async def wait_until(predicate: Any, timeout: float = 10.0, step: float = 0.01) -> bool:  # noqa: ASYNC109
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():

@@ -2,20 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
-from tests.integration.harness import running_bridge
-
-
-async def http_get(port: int, path: str) -> tuple[int, str]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    await writer.drain()
-    raw = await reader.read()
-    writer.close()
-    head, _, body = raw.decode().partition("\r\n\r\n")
-    return int(head.split()[1]), body
+from tests.integration.harness import http_get, running_bridge
 
 
 async def test_metrics_health_ready_and_debug() -> None:

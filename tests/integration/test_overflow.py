@@ -3,8 +3,6 @@ sink sees a gap marker with the exact count."""
 
 from __future__ import annotations
 
-import socket
-
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.clouds import synthetic
 from loadgen.edge import EdgeClient, StreamConfig
@@ -15,14 +13,8 @@ FRAME_POINTS = 1000  # 16 KB frames
 RING = 100_000  # about six frames per stream
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def test_backpressure_pauses_the_edge_and_drops_nothing() -> None:
-    port = free_port()  # the sink is down at first: nothing gets delivered, the ring fills
+async def test_backpressure_pauses_the_edge_and_drops_nothing(free_port: int) -> None:
+    port = free_port  # the sink is down at first: nothing gets delivered, the ring fills
     async with running_bridge(
         sink_address=f"127.0.0.1:{port}",
         passthrough=True,
@@ -48,8 +40,8 @@ async def test_backpressure_pauses_the_edge_and_drops_nothing() -> None:
         await edge.close()
 
 
-async def test_drop_oldest_counts_and_announces_the_gap() -> None:
-    port = free_port()
+async def test_drop_oldest_counts_and_announces_the_gap(free_port: int) -> None:
+    port = free_port
     received: list[pb.ProcessedFrame] = []
     async with running_bridge(
         sink_address=f"127.0.0.1:{port}",

@@ -15,8 +15,7 @@ import pytest
 from loadgen.clouds import synthetic
 from loadgen.edge import EdgeClient, StreamConfig
 from loadgen.sink import SinkServer
-from tests.integration.harness import BridgeProcess
-from tests.integration.test_ops_http import http_get
+from tests.integration.harness import BridgeProcess, http_get
 
 CPU_V1 = Path("/sys/fs/cgroup/cpu")
 
