@@ -1,0 +1,68 @@
+"""Protobuf wire-format helpers for the few places that splice encodings by hand.
+
+Splicing (prefixing an already-serialized payload with its field key and length instead of
+re-encoding it) saves a copy of a 1 MB cloud per frame. The field numbers come from the generated
+descriptors, never from literals, so a renumbered field in ``bridge.proto`` changes the splice with
+it; ``tests/unit/test_wire.py`` checks every splice against the real protobuf encoder.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.descriptor import Descriptor
+
+WIRE_VARINT = 0
+WIRE_LEN = 2
+
+
+def encode_varint(value: int) -> bytes:
+    """Base-128 varint of a non-negative integer."""
+    if value < 0:
+        raise ValueError("varints here are unsigned")
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def decode_varint(buf: bytes | memoryview, i: int) -> tuple[int, int]:
+    """The varint at ``buf[i]``: (value, index after it). Raises ``IndexError`` when truncated."""
+    b = buf[i]
+    if b < 0x80:
+        return b, i + 1
+    result, shift = b & 0x7F, 7
+    while True:
+        i += 1
+        b = buf[i]
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, i + 1
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def field_number(message: Descriptor, name: str) -> int:
+    """The number of ``message.name`` from the generated descriptor (KeyError if it is gone)."""
+    return int(message.fields_by_name[name].number)
+
+
+def field_key(message: Descriptor, name: str, wire_type: int = WIRE_LEN) -> bytes:
+    """The encoded key (tag) of a field: ``number << 3 | wire_type`` as a varint."""
+    return encode_varint(field_number(message, name) << 3 | wire_type)
+
+
+def key_byte(message: Descriptor, name: str, wire_type: int = WIRE_LEN) -> int:
+    """The single key byte of a field numbered below 16 (what a scanner compares with ``buf[0]``)."""
+    key = field_key(message, name, wire_type)
+    if len(key) != 1:
+        raise ValueError(f"{message.name}.{name} has a multi-byte key")
+    return key[0]
+
+
+def length_prefix(key: bytes, length: int) -> bytes:
+    """Key plus length of a length-delimited field whose ``length`` bytes follow."""
+    return key + encode_varint(length)
