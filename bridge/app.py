@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from websockets.asyncio.server import Server as WsServer
 from bridge import codec
 from bridge.core import BridgeCore, CoreConfig
 from bridge.decimate import Decimator, get_decimator
+from bridge.governor import Governor
 from bridge.grpc_impl import build_server, set_health
 from bridge.http_impl import OpsHttpServer
 from bridge.ingest import EdgeConnection
@@ -56,6 +58,11 @@ class BridgeService:
         self.settings = settings
         self.registry = registry or CollectorRegistry()
         self.metrics = BridgeMetrics(self.registry)
+        # Until the adapter plans from the memory limit (or without it): the configured budget.
+        self.governor = Governor(
+            settings.ring_budget_bytes, math.floor(RESERVE_FRACTION * settings.ring_budget_bytes)
+        )
+        self.metrics.watch_governor(self.governor)
         self.limits = codec.Limits(
             max_frame_bytes=settings.max_frame_bytes,
             max_points=settings.max_points,
@@ -68,13 +75,12 @@ class BridgeService:
                 default_voxel_size=settings.voxel_size,
                 default_policy=Policy(settings.overflow_policy),
                 default_passthrough=settings.passthrough,
-                ring_budget_bytes=settings.ring_budget_bytes,
-                ring_floor_bytes=settings.ring_floor_bytes,
             ),
             self,
+            self.governor,
         )
         self.core.auto_ack = not settings.sink_address
-        self.subscribers = SubscriberSet()
+        self.subscribers = SubscriberSet(self.governor)
         self.connections: set[EdgeConnection] = set()
         self.draining = False
         self.ready = False
@@ -144,12 +150,18 @@ class BridgeService:
         if self.processor is not None:
             self.processor.kick()
 
-    def set_ring_budget(self, total_bytes: int, per_stream_floor: int) -> None:
-        before = self.core.ring_capacity_per_stream
-        self.core.set_ring_budget(total_bytes, per_stream_floor)
+    def set_memory_budget(self, budget_bytes: int, reserve_bytes: int) -> None:
+        """The plan changed the data budget: it applies at once. After a fall, admission waits
+        (connections stop being read, edges get PAUSE) until what is held drains under it; then
+        the freed heap is returned (see _housekeeping)."""
+        before = self.governor.budget_bytes
+        self.core.set_memory_budget(budget_bytes, reserve_bytes)
         self.metrics.ring_capacity.set(self.core.ring_capacity_per_stream)
-        if self.core.ring_capacity_per_stream < before:
-            self._trim_after_shrink = True  # see _housekeeping
+        if budget_bytes < before:
+            self._trim_after_shrink = True
+        elif budget_bytes > before:
+            for stream in self.core.streams.values():
+                self.on_space(stream)
 
     def set_gpu_healthy(self, healthy: bool) -> None:
         if self.processor is None or self.decimator is None:
@@ -188,6 +200,7 @@ class BridgeService:
             self.decimator,
             depth=settings.worker_depth,
             on_done=self._on_processed,
+            governor=self.governor,
         )
         self.metrics.workers.set(self.pool.size)
         self.metrics.ring_capacity.set(self.core.ring_capacity_per_stream)
@@ -245,7 +258,11 @@ class BridgeService:
             settings=AdapterSettings(
                 poll_interval=self.settings.cgroup_poll_seconds,
                 pending_timeout=self.settings.resize_pending_timeout_seconds,
-                plan=PlanSettings(unlimited_memory_cap_bytes=self.settings.ring_budget_bytes),
+                plan=PlanSettings(
+                    unlimited_memory_cap_bytes=self.settings.ring_budget_bytes,
+                    reserve_fraction=RESERVE_FRACTION,
+                    headroom_bytes=memory_headroom_bytes(self.settings.max_frame_bytes),
+                ),
             ),
         )
         await self.adapter.start()
@@ -255,6 +272,12 @@ class BridgeService:
             "workers": self.pool.size,
             "ring_capacity_per_stream_bytes": self.core.ring_capacity_per_stream,
             "ring_occupancy_bytes": self.core.buffered_bytes,
+            "memory": {
+                **self.governor.describe(),
+                "resident_bytes": _rss_bytes(),
+                "baseline_bytes": self._baseline_rss,
+                "max_frame_bytes_now": self.core.limits_now().max_frame_bytes,
+            },
             "streams": len(self.core.streams),
             "decimate_backend": self.processor.decimator.name
             if self.processor and self.processor.decimator
@@ -305,7 +328,7 @@ class BridgeService:
                     self._space.pop(stream.key, None)
             self.metrics.ring_occupancy.set(self.core.buffered_bytes)
             self.metrics.ring_frames.set(self.core.buffered_frames)
-            if self._trim_after_shrink and self._rings_within_capacity():
+            if self._trim_after_shrink and self._within_budget():
                 # The shrink has drained: hand the freed heap back so memory.current falls and
                 # the kubelet's check for a pending memory decrease passes.
                 self._trim_after_shrink = False
@@ -313,10 +336,9 @@ class BridgeService:
                 log.info("ring shrink drained; free heap %s", "released" if released else "kept")
             await asyncio.sleep(0.25)
 
-    def _rings_within_capacity(self) -> bool:
-        return all(
-            s.ring.occupancy_bytes <= s.ring.capacity_bytes for s in self.core.streams.values()
-        )
+    def _within_budget(self) -> bool:
+        gov = self.governor
+        return gov.admitted_bytes <= gov.admission_limit and gov.total_bytes <= gov.budget_bytes
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -379,6 +401,17 @@ class BridgeService:
             await self._http.close()
             self._http = None
         self.pool.close(timeout=2.0)
+
+
+RESERVE_FRACTION = 0.25  # of the data budget, kept for forward progress (see governor.py)
+MiB = 1 << 20
+
+
+def memory_headroom_bytes(max_frame_bytes: int) -> int:
+    """What the plan keeps out of the data budget for memory no component charges: the
+    interpreter's own growth, protobuf objects and transient copies while a message is parsed
+    (websockets copies a payload twice while unmasking it; decoding copies it once more)."""
+    return 64 * MiB + 2 * max_frame_bytes
 
 
 def _has(backend: str) -> bool:

@@ -8,6 +8,7 @@
     │   ├── InvalidLayout     PointCloud layout is wrong    (Error msg, INVALID_ARGUMENT)
     │   ├── TooManyPoints     more points than allowed      (Error msg, RESOURCE_EXHAUSTED)
     │   ├── FrameTooLarge     message above the max size    (WS close 1009, RESOURCE_EXHAUSTED)
+    │   │   └── FrameNeverFits  above what the memory budget allows now (Error msg, too_large)
     │   ├── SeqRegression     seq going backwards           (Error msg, INVALID_ARGUMENT)
     │   ├── TooManyStreams    streams per session > limit   (WS close 1008, RESOURCE_EXHAUSTED)
     │   ├── TooManySessions   sessions > limit              (WS close 1008, RESOURCE_EXHAUSTED)
@@ -57,6 +58,13 @@ class TooManyPoints(ProtocolError, ValueError):
 
 class FrameTooLarge(ProtocolError):
     reason = "too_large"
+
+
+class FrameNeverFits(FrameTooLarge):
+    """Within ``max_frame_bytes`` as configured, but above what the memory budget can ever
+    grant now (the limit fell): the frame is refused with an Error, the connection stays."""
+
+    fatal = False
 
 
 class SeqRegression(ProtocolError):

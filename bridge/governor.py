@@ -79,6 +79,15 @@ class Charge:
         """Hand the same bytes to another holder (a received frame enters its ring)."""
         self.governor._move(self, component)
 
+    def split(self, nbytes: int) -> Charge:
+        """Carve ``nbytes`` out of this charge into a new one of the same kind (a connection's
+        granted bytes become one message's charge); totals do not change."""
+        return self.governor._split(self, nbytes)
+
+    def merge(self, other: Charge) -> None:
+        """Take over ``other``'s bytes (same component and tier); ``other`` is spent."""
+        self.governor._merge(self, other)
+
 
 @dataclass(eq=False, slots=True)
 class Waiter:
@@ -260,6 +269,25 @@ class Governor:
         self.stats.by_component[charge.component] -= charge.nbytes
         self.stats.by_component[component] += charge.nbytes
         charge.component = component
+
+    def _split(self, charge: Charge, nbytes: int) -> Charge:
+        if charge.released:
+            raise DoubleRelease("split of a released charge")
+        if not 0 <= nbytes <= charge.nbytes:
+            raise ValueError(f"cannot split {nbytes} B out of a {charge.nbytes} B charge")
+        charge.nbytes -= nbytes
+        self.live_charges += 1
+        return Charge(self, charge.component, nbytes, charge.tier)
+
+    def _merge(self, charge: Charge, other: Charge) -> None:
+        if charge.released or other.released:
+            raise DoubleRelease("merge with a released charge")
+        if (charge.component, charge.tier) != (other.component, other.tier):
+            raise ValueError("only charges of the same component and tier merge")
+        charge.nbytes += other.nbytes
+        other.nbytes = 0
+        other.released = True
+        self.live_charges -= 1
 
     def _pump(self) -> None:
         """Grant waiters strictly in arrival order while the head fits (no barging)."""

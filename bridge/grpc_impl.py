@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -26,8 +26,9 @@ from bridge.errors import (
     TooManyStreams,
     Unauthenticated,
 )
-from bridge.ingest import EdgeConnection
-from bridge.subscribers import Subscriber
+from bridge.governor import Charge, Component, Governor
+from bridge.ingest import EdgeConnection, Received
+from bridge.subscribers import Subscriber, backlog
 from bridge.v1 import bridge_pb2 as pb
 
 if TYPE_CHECKING:
@@ -49,20 +50,83 @@ def status_code(error: ProtocolError) -> grpc.StatusCode:
     return grpc.StatusCode.INVALID_ARGUMENT
 
 
+_FIRST_GRANT = 64 * 1024  # before the first message: what a Hello may take
+
+
 class GrpcTransport:
+    """Pulls the next message only after the governor granted its expected size.
+
+    gRPC gives no message size before the message is read, so the grant is sized by the
+    previous message and corrected once the real size is known: a message larger than its
+    grant is charged in full (forced, counted as overdraft when over budget) and the next read
+    waits for a grant of that size. Beyond grants, a call holds at most one HTTP/2 stream
+    window (BDP probing is off) until we read.
+    """
+
     name = "grpc"
 
-    def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any], governor: Governor) -> None:
         self.context = context
+        self.governor = governor
+        self.expected = _FIRST_GRANT
+        self.first = True
+        self._notify: Callable[[bool], None] | None = None
 
-    async def recv(self) -> bytes | None:
+    def on_wait(self, notify: Callable[[bool], None]) -> None:
+        self._notify = notify
+
+    async def _grant(self, nbytes: int) -> Charge:
+        nbytes = min(nbytes, max(1, self.governor.admission_limit))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Charge | None] = loop.create_future()
+
+        def granted(charge: Charge | None) -> None:
+            if future.cancelled():
+                if charge is not None:
+                    charge.release()
+            else:
+                future.set_result(charge)
+
+        got = self.governor.request(Component.TRANSPORT, nbytes, granted)
+        if isinstance(got, Charge):
+            return got
+        if got is None:
+            raise FrameTooLarge("the memory budget leaves no room for a message")
+        if self._notify is not None:
+            self._notify(True)
+        try:
+            charge = await future
+        except asyncio.CancelledError:
+            self.governor.cancel(got)
+            raise
+        finally:
+            if self._notify is not None:
+                self._notify(False)
+        if charge is None:
+            raise FrameTooLarge("the memory budget fell below the size of this call's messages")
+        return charge
+
+    async def recv(self) -> Received | None:
+        if self.first:  # the Hello never queues behind the data of others
+            self.first = False
+            charge = self.governor.force(Component.TRANSPORT, _FIRST_GRANT)
+        else:
+            charge = await self._grant(self.expected)
         try:
             data = await self.context.read()
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            charge.release()
             return None
+        except BaseException:
+            charge.release()
+            raise
         if data is grpc.aio.EOF:
+            charge.release()
             return None
-        return bytes(data)
+        raw = bytes(data)
+        charge.resize(len(raw))  # a larger message than granted is forced in (see above)
+        self.expected = max(len(raw), 1)
+        return Received(raw, charge)
 
     async def send(self, data: bytes) -> None:
         try:
@@ -105,13 +169,16 @@ def build_server(hub: Hub) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
             ("grpc.keepalive_timeout_ms", int(settings.ping_timeout_seconds * 1000)),
             ("grpc.http2.min_ping_interval_without_data_ms", 5000),
             ("grpc.keepalive_permit_without_calls", 1),
+            # No window growth beyond the default: unread bytes per call stay one small window.
+            ("grpc.http2.bdp_probe", 0),
         ]
     )
 
     async def connect(
         _request_iterator: object, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
-        conn = EdgeConnection(hub, GrpcTransport(context), header_token=_bearer(context))
+        transport = GrpcTransport(context, hub.governor)
+        conn = EdgeConnection(hub, transport, header_token=_bearer(context))
         await conn.run()
 
     async def subscribe(
@@ -126,12 +193,12 @@ def build_server(hub: Hub) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
         )
         sub = Subscriber(set(request.stream_ids), queue_frames)
         try:
-            backlog = hub.subscribers.attach(sub, request.from_bridge_seq, hub.core.egress)
+            until = hub.subscribers.attach(sub, request.from_bridge_seq, hub.core.egress)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
         hub.metrics.subscribers.set(len(hub.subscribers))
         try:
-            for data in backlog:
+            for data in backlog(sub, hub.core.egress, request.from_bridge_seq, until):
                 yield data
             while True:
                 item = await sub.get()

@@ -13,6 +13,8 @@ import contextlib
 import hmac
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from bridge import codec
@@ -23,6 +25,7 @@ from bridge.errors import (
     ProtocolViolation,
     Unauthenticated,
 )
+from bridge.governor import Charge
 from bridge.session import Session
 from bridge.v1 import bridge_pb2 as pb
 
@@ -45,11 +48,23 @@ ERROR_CODES: dict[str, int] = {
 }
 
 
+@dataclass(slots=True)
+class Received:
+    """One message and the governor charge for its bytes (granted before it was read)."""
+
+    data: bytes
+    charge: Charge
+
+
 class EdgeTransport(Protocol):
     name: str
 
-    async def recv(self) -> bytes | None:
-        """Next binary message, or None when the peer closed."""
+    async def recv(self) -> Received | None:
+        """Next binary message, read only once the governor granted its bytes; None when the
+        peer closed."""
+
+    def on_wait(self, notify: Callable[[bool], None]) -> None:
+        """Call ``notify(True)`` when reading stops for a grant, ``notify(False)`` after."""
 
     async def send(self, data: bytes) -> None: ...
 
@@ -70,6 +85,9 @@ class EdgeConnection:
         self._send_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._superseded = False
+        self._flow_want = False  # session-wide PAUSE wanted (a receive grant is waiting)
+        self._flow_sent = False
+        self._flow_task: asyncio.Future[None] | None = None
 
     async def send(self, msg: pb.BridgeMessage) -> None:
         async with self._send_lock:
@@ -82,10 +100,13 @@ class EdgeConnection:
         metrics.connections.labels(transport).inc()
         self._task = asyncio.current_task()
         ack_task: asyncio.Task[None] | None = None
+        self.transport.on_wait(self._on_grant_wait)
         try:
-            raw = await self.transport.recv()
-            if raw is None:
+            received = await self.transport.recv()
+            if received is None:
                 return
+            raw = received.data
+            received.charge.release()  # a Hello is parsed and dropped at once
             try:
                 msg = codec.decode_edge(raw, hub.limits)
                 if msg.WhichOneof("kind") != "hello":
@@ -130,6 +151,8 @@ class EdgeConnection:
         finally:
             if ack_task is not None:
                 ack_task.cancel()
+            if self._flow_task is not None:
+                self._flow_task.cancel()
             hub.connections.discard(self)
             if self.session is not None:
                 hub.core.detach(self.session, self, time.monotonic())
@@ -150,45 +173,96 @@ class EdgeConnection:
         transport = self.transport.name
         assert self.session is not None
         while True:
-            raw = await self.transport.recv()
-            if raw is None:
+            received = await self.transport.recv()
+            if received is None:
                 return
+            size = len(received.data)
             metrics.frames_received.labels(transport).inc()
-            metrics.bytes_received.labels(transport).inc(len(raw))
+            metrics.bytes_received.labels(transport).inc(size)
             frame: pb.Frame | None = None
+            charge: Charge | None = received.charge
             try:
-                msg = codec.decode_edge(raw, hub.limits)
+                msg = codec.decode_edge(received.data, hub.limits)
+                del received  # the wire bytes: only the parsed frame (charged) is kept
                 if msg.WhichOneof("kind") != "frame":
                     raise ProtocolViolation("Hello may only be sent once per connection")
                 frame = msg.frame
                 if hub.draining:
                     continue  # not accepted, not acked: the edge resends it after reconnecting
-                await self._admit(frame, len(raw))
+                assert charge is not None
+                owned, charge = charge, None
+                await self._admit(frame, size, owned)
             except ProtocolError as exc:
                 if exc.fatal:
                     await self._refuse(exc, fatal=True)
                     return
                 await self._refuse(exc, fatal=False, frame=frame)
+            finally:
+                if charge is not None:
+                    charge.release()
 
-    async def _admit(self, frame: pb.Frame, size: int) -> None:
+    def _on_grant_wait(self, waiting: bool) -> None:
+        """Reading stopped for a memory grant: tell the whole session to pause (and resume).
+        Then let ``drop_oldest`` streams give way first: they chose losing old frames over
+        stalling (this may grant at once, and then RESUME follows the PAUSE)."""
+        if waiting:
+            self.hub.metrics.backpressure.inc()
+        self._flow_want = waiting
+        if self.session is not None and self._flow_task is None:
+            # One sender, whatever the edge reads: a peer that never reads blocks it, and
+            # flips in between only update what it sends next (bounded, in order).
+            self._flow_task = asyncio.ensure_future(self._flow_sender())
+        if waiting:
+            self.hub.core.reclaim(max(1, self.hub.governor.waiting_bytes))
+
+    async def _flow_sender(self) -> None:
+        try:
+            while self._flow_want != self._flow_sent:
+                want = self._flow_want
+                action = pb.FlowControl.PAUSE if want else pb.FlowControl.RESUME
+                msg = pb.BridgeMessage(flow_control=pb.FlowControl(action=action))
+                with contextlib.suppress(ConnectionError):
+                    await self.send(msg)
+                self._flow_sent = want
+        finally:
+            self._flow_task = None
+
+    async def _admit(self, frame: pb.Frame, size: int, charge: Charge) -> None:
+        """Offer until the ring accepts (it takes over ``charge``); otherwise (a duplicate, an
+        error, draining, cancelled) ``charge`` is released here, exactly once."""
+        state = {"taken": False, "paused": False}
+        try:
+            await self._offer_until_taken(frame, size, charge, state)
+        finally:
+            if not state["taken"]:
+                charge.release()
+        if state["paused"]:
+            await self.send(
+                pb.BridgeMessage(
+                    flow_control=pb.FlowControl(
+                        action=pb.FlowControl.RESUME, stream_id=frame.stream_id
+                    )
+                )
+            )
+
+    async def _offer_until_taken(
+        self, frame: pb.Frame, size: int, charge: Charge, state: dict[str, bool]
+    ) -> None:
         hub = self.hub
         assert self.session is not None
-        paused = False
         while True:
             space = hub.space_event(self.session, frame.stream_id)
             space.clear()
-            outcome = hub.core.offer(self.session, frame, size, time.time_ns())
+            outcome = hub.core.offer(self.session, frame, size, time.time_ns(), charge)
             if outcome is Offer.ACCEPTED:
+                state["taken"] = True
                 hub.metrics.frames_accepted.inc()
-                break
+                return
             if outcome is Offer.DUPLICATE:
                 hub.metrics.frames_duplicate.inc()
-                break
-            if not paused:
-                paused = True
-                if not hub.core.fits(self.session, frame, size):
-                    # Only after a live shrink below one frame: wait for the budget to grow.
-                    log.warning("frame of %d bytes exceeds the ring capacity; waiting", size)
+                return
+            if not state["paused"]:
+                state["paused"] = True
                 hub.metrics.backpressure.inc()
                 await self.send(
                     pb.BridgeMessage(
@@ -200,14 +274,6 @@ class EdgeConnection:
             await space.wait()
             if hub.draining:
                 return
-        if paused:
-            await self.send(
-                pb.BridgeMessage(
-                    flow_control=pb.FlowControl(
-                        action=pb.FlowControl.RESUME, stream_id=frame.stream_id
-                    )
-                )
-            )
 
     async def _refuse(
         self, exc: ProtocolError, *, fatal: bool, frame: pb.Frame | None = None

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from bridge.core import BridgeCore, WorkItem
 from bridge.decimate import Decimator
+from bridge.governor import Charge, Component, Governor
 from bridge.v1 import bridge_pb2 as pb
 from bridge.workers import WorkerPool
 
@@ -36,6 +37,13 @@ def _varint(value: int) -> bytes:
 
 
 _POINT_CLOUD_TAG = bytes([(7 << 3) | 2])  # ProcessedFrame.point_cloud, length-delimited
+SCRATCH_BYTES_PER_POINT = 16  # the kernel's packed key + index per input point (native/README)
+
+
+def decimation_bytes(item: WorkItem) -> int:
+    """What decimating ``item`` may hold besides its ring entry: output (at most the input's
+    size) plus the kernel's scratch. Charged (forced) while a worker has it."""
+    return item.entry.size + SCRATCH_BYTES_PER_POINT * item.points
 
 
 def needs_worker(item: WorkItem, decimator: Decimator | None) -> bool:
@@ -112,7 +120,10 @@ class Processor:
         *,
         depth: int = 2,
         on_done: Callable[[WorkItem, float, str | None], None] | None = None,
+        governor: Governor | None = None,
     ) -> None:
+        self.governor = governor
+        self._charges: dict[int, Charge] = {}  # id(item) -> its decimation charge
         self.core = core
         self.pool = pool
         self.decimator = decimator
@@ -149,6 +160,10 @@ class Processor:
                 continue
             self._in_flight += 1
             self._idle.clear()
+            if self.governor is not None:
+                self._charges[id(item)] = self.governor.force(
+                    Component.DECIMATION, decimation_bytes(item)
+                )
             self.pool.submit(self._task(item, self.decimator))
 
     def _task(self, item: WorkItem, decimator: Decimator | None) -> Callable[[], None]:
@@ -170,6 +185,9 @@ class Processor:
         self, item: WorkItem, result: tuple[bytes | tuple[bytes, ...], float, str | None]
     ) -> None:
         self._in_flight -= 1
+        charge = self._charges.pop(id(item), None)
+        if charge is not None:
+            charge.release()
         data, spent, error = result
         if not data:  # internal failure: deliver the raw frame so seq accounting stays whole
             data, spent, _ = process_frame(item, None)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from bridge.egress import frame_bytes
+from bridge.governor import Component
 from bridge.tls import sink_channel_credentials
 from bridge.v1 import bridge_pb2 as pb
 
@@ -135,7 +136,13 @@ class SinkPusher:
                 if entry.bridge_seq <= self._sent_high:
                     metrics.sink_replayed.inc()
                 self._sent_high = max(self._sent_high, entry.bridge_seq)
-                await call.write(frame_bytes(entry))
+                data = frame_bytes(entry)
+                charge = self.service.governor.force(Component.EGRESS, len(data))
+                try:
+                    await call.write(data)
+                finally:
+                    charge.release()
+                del data
 
 
 def _describe(exc: BaseException) -> str:

@@ -40,7 +40,6 @@ class Settings:
     subscriber_queue_frames: int = 256
     # Rings
     ring_budget_bytes: int = 512 * MiB  # with adapt: only when memory is unlimited
-    ring_floor_bytes: int = 0  # 0 = max_frame_bytes (a ring can always hold one frame)
     overflow_policy: str = "backpressure"  # backpressure | drop_oldest
     # Processing
     workers: int = 0  # 0 = from the CPU quota / affinity
@@ -97,7 +96,7 @@ _CHOICES = {
     "log_level": ("DEBUG", "INFO", "WARNING", "ERROR"),
 }
 _PORTS = ("ws_port", "grpc_port", "http_port")
-_NON_NEGATIVE = ("workers", "ring_floor_bytes", "voxel_size", "reconnect_after_ms")
+_NON_NEGATIVE = ("workers", "voxel_size", "reconnect_after_ms")
 
 
 def _convert(name: str, kind: type, raw: object) -> object:

@@ -130,6 +130,29 @@ def test_move_relabels_without_changing_totals() -> None:
     assert gov.charged(Component.RING) == 0
 
 
+def test_split_carves_a_message_out_of_a_connection_grant() -> None:
+    gov = Governor(100)
+    conn = gov.request(T, 60, lambda _: None)
+    assert isinstance(conn, Charge)
+    msg = conn.split(25)
+    assert (conn.nbytes, msg.nbytes, gov.total_bytes, gov.live_charges) == (35, 25, 60, 2)
+    with pytest.raises(ValueError, match="cannot split"):
+        conn.split(36)
+    more = gov.request(T, 5, lambda _: None)
+    assert isinstance(more, Charge)
+    conn.merge(more)
+    assert conn.nbytes == 40 and more.released and gov.live_charges == 2
+    with pytest.raises(DoubleRelease):
+        more.release()
+    msg.move(Component.RING)
+    with pytest.raises(ValueError, match="same component"):
+        conn.merge(msg)
+    msg.release()
+    conn.release()
+    assert gov.total_bytes == gov.admitted_bytes == gov.live_charges == 0
+    gov.stats.double_releases = 0
+
+
 def test_double_release_raises_and_is_counted() -> None:
     gov = Governor(100)
     charge = gov.force(Component.EGRESS, 10)
