@@ -26,7 +26,7 @@ from bridge.governor import Governor
 from bridge.grpc_impl import build_server, set_health
 from bridge.http_impl import OpsHttpServer
 from bridge.ingest import EdgeConnection
-from bridge.memtrim import release_free_heap
+from bridge.memtrim import heap_slack_exceeded, release_free_heap
 from bridge.metrics import BridgeMetrics
 from bridge.processing import Processor
 from bridge.push_impl import SinkPusher
@@ -100,6 +100,8 @@ class BridgeService:
         self._http: OpsHttpServer | None = None
         self._baseline_rss = _rss_bytes()
         self._trim_after_shrink = False
+        self._last_trim = 0.0
+        self._trim_slack = max(32 * MiB, 2 * settings.max_frame_bytes)
 
     # -- Listener (called synchronously by the core) -----------------------------------------
     def on_space(self, stream: Stream) -> None:
@@ -333,7 +335,14 @@ class BridgeService:
                 # the kubelet's check for a pending memory decrease passes.
                 self._trim_after_shrink = False
                 released = await asyncio.to_thread(release_free_heap)
+                self._last_trim = time.monotonic()
                 log.info("ring shrink drained; free heap %s", "released" if released else "kept")
+            elif time.monotonic() - self._last_trim >= 1.0 and heap_slack_exceeded(
+                _rss_bytes(), self._baseline_rss, self.governor.total_bytes, self._trim_slack
+            ):
+                # Frames were freed but their pages stay in the heap: give them back.
+                self._last_trim = time.monotonic()
+                await asyncio.to_thread(release_free_heap)
             await asyncio.sleep(0.25)
 
     def _within_budget(self) -> bool:

@@ -62,12 +62,12 @@ class CoreConfig:
     default_policy: Policy
     default_passthrough: bool
     max_known_watermarks: int = 100_000
+    session_bytes: int = 24 * 1024  # see SESSION_BYTES
+    stream_bytes: int = 1024
 
 
-# What one session's state costs, charged to the governor while the session is known
-# (attached or detached): measured with 2,000 idle sessions, see the README's memory model.
-SESSION_BYTES = 4096
-STREAM_BYTES = 1024
+# SESSION_BYTES: what one session costs (its connection's buffers and objects, measured ~25 KiB
+# per idle WebSocket session, see the README's memory model), charged while the session is known.
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +123,6 @@ class BridgeCore:
                 raise TooManySessions(f"session limit {self.config.max_sessions} reached")
             self._make_room_for_a_session()
             session = Session(session_id=uuid.uuid4().hex, device_id=hello.device_id)
-            self._state_charges[session.session_id] = self.governor.force(
-                Component.SESSIONS, SESSION_BYTES
-            )
         elif not session.attached and self.attached_sessions >= self.config.max_sessions:
             raise TooManySessions(f"session limit {self.config.max_sessions} reached")
         new_specs = [s for s in hello.streams if s.stream_id not in session.streams]
@@ -137,6 +134,16 @@ class BridgeCore:
             )
         configs = {spec.stream_id: self._stream_config(spec) for spec in new_specs}
         resume = {r.stream_id: r.delivered_seq for r in hello.resume}
+        if not resumed:  # checked last: nothing can fail once the charge is taken
+            state = self.governor.try_charge(
+                Component.SESSIONS,
+                self.config.session_bytes + self.config.stream_bytes * len(configs),
+            )
+            if state is None:
+                raise TooManySessions(
+                    f"no memory for another session (budget {self.governor.budget_bytes} bytes)"
+                )
+            self._state_charges[session.session_id] = state
         self.sessions[session.session_id] = session
         self.by_device[session.device_id] = session
         for stream_id, cfg in configs.items():
@@ -148,7 +155,9 @@ class BridgeCore:
             self.streams[key] = stream
         if configs:
             state = self._state_charges[session.session_id]
-            state.resize(SESSION_BYTES + STREAM_BYTES * len(session.streams))
+            state.resize(
+                self.config.session_bytes + self.config.stream_bytes * len(session.streams)
+            )
             self._rebalance_rings()
         session.attached = True
         session.connection = connection

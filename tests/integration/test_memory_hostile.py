@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -23,7 +24,7 @@ from websockets.asyncio.client import connect
 
 from bridge.app import memory_headroom_bytes
 from bridge.v1 import bridge_pb2 as pb
-from loadgen.edge import EdgeClient, StreamConfig
+from loadgen.edge import EdgeClient, PreparedPayload, StreamConfig
 from loadgen.sink import SinkServer
 from tests.integration.harness import BridgeProcess, RawGrpcEdge, hello, http_get, xyz_cloud
 
@@ -284,8 +285,6 @@ async def test_idle_sessions_are_charged_and_bounded(free_port: int) -> None:
             for ws in conns:
                 with contextlib.suppress(Exception):
                     await ws.close()
-    import json
-
     memory = json.loads(body)["memory"]
     sessions = memory["charged_by_component"]["sessions"]
     per_session = peak.growth / count
@@ -313,25 +312,31 @@ async def test_memory_shrink_to_a_quarter_under_full_load(free_port: int, tmp_pa
     async with bridge(free_port, "--cgroup-poll-seconds", "0.05", env=env) as (proc, peak):
         edge = EdgeClient("ws", proc.ws_url, "good", [StreamConfig(f"s{i}") for i in range(4)])
         await edge.start()
-        cloud = xyz_cloud(np.random.default_rng(5).uniform(-5, 5, (BIG_POINTS, 3)))
+        cloud = PreparedPayload.of(
+            xyz_cloud(np.random.default_rng(5).uniform(-5, 5, (BIG_POINTS, 3)))
+        )
         published = 0
 
-        async def publish_for(seconds: float) -> None:
+        async def publish_for(seconds: float, until: Callable[[], bool] = lambda: False) -> None:
             nonlocal published
             end = asyncio.get_running_loop().time() + seconds
-            while asyncio.get_running_loop().time() < end:
-                if edge.stats.published - edge.stats.acked_accepted > 40:
-                    await asyncio.sleep(0.05)
+            while asyncio.get_running_loop().time() < end and not until():
+                if edge.stats.published - edge.stats.acked_accepted > 24:
+                    await asyncio.sleep(0.02)  # paused, or acks lag: do not pile up here
                     continue
                 await edge.publish(f"s{published % 4}", cloud)
                 published += 1
-                await asyncio.sleep(0.01)
 
-        await publish_for(3.0)  # the sink is down: the rings fill towards the 1 GiB plan
-        full = rss(proc.proc.pid)
         small = big // 4
+        # the sink is down: the rings fill towards the 1 GiB plan, past what 1/4 allows
+        await publish_for(60.0, until=lambda: rss(proc.proc.pid) > small + 32 * MiB)
+        full = rss(proc.proc.pid)
         write_cgroup(cg, small)
         limit_after = small - memory_headroom_bytes(MAX_FRAME)
+        await asyncio.sleep(0.3)
+        _, body = await http_get(proc.http, "/debug/resources")
+        memory = json.loads(body)["memory"]
+        assert memory["budget_bytes"] < memory["charged_bytes"], "admission must pause"
         async with SinkServer(listen=f"127.0.0.1:{free_port}", fsync=False, on_frame=received):
             await publish_for(2.0)  # full load goes on at the new size
             assert await edge.wait_delivered(60)
@@ -345,6 +350,7 @@ async def test_memory_shrink_to_a_quarter_under_full_load(free_port: int, tmp_pa
         f"shrink 1 GiB -> 256 MiB: RSS full {full / MiB:.0f} MiB, after {after / MiB:.0f} MiB "
         f"(limit - headroom = {limit_after / MiB:.0f} MiB)"
     )
+    assert full > small, "the load must hold more than the new limit for the shrink to matter"
     for i in range(4):
         count = len(received.seqs.get(("good", f"s{i}"), []))
         assert received.exactly("good", f"s{i}", count)

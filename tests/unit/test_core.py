@@ -60,6 +60,8 @@ def make_core(**overrides: object) -> tuple[BridgeCore, Recorder]:
         default_voxel_size=0.1,
         default_policy=Policy.BACKPRESSURE,
         default_passthrough=False,
+        session_bytes=int(overrides.pop("session_bytes", 0)),  # type: ignore[call-overload]
+        stream_bytes=0,
     )
     rec = Recorder()
     budget = int(overrides.pop("budget", 100_000))  # type: ignore[call-overload]
@@ -240,7 +242,7 @@ def test_a_frame_that_can_never_fit_gets_a_clear_error_and_welcome_follows_the_p
 
 
 def test_every_ring_charge_is_released_once_by_ack_eviction_or_forget() -> None:
-    core, _ = make_core(max_frame_bytes=100, budget=300, max_sessions=1)
+    core, _ = make_core(max_frame_bytes=100, budget=300, max_sessions=1, session_bytes=10)
     gov = core.governor
     h = pb.Hello(
         device_id="d",
@@ -250,11 +252,12 @@ def test_every_ring_charge_is_released_once_by_ack_eviction_or_forget() -> None:
         ],
     )
     s, _ = core.hello(h, "c")
-    state = gov.charged(Component.SESSIONS)
-    assert state > 0
+    assert gov.charged(Component.SESSIONS) == 10
     for seq in range(1, 6):  # a's share is 150: evictions release the oldest
         assert core.offer(s, cloud_frame("a", seq), 100, 0) is Offer.ACCEPTED
     assert core.offer(s, cloud_frame("b", 1), 100, 0) is Offer.ACCEPTED
+    with pytest.raises(TooManySessions, match="no memory"):  # 10 + 200 held, budget 300
+        make_core(budget=5, session_bytes=10)[0].hello(hello("x"), "c2")
     assert gov.charged(Component.RING) == core.buffered_bytes == 200
     while (item := core.take_work()) is not None:
         core.complete(item, b"x" * 10)  # results replace frames: charges shrink
