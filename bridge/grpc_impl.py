@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -26,12 +26,11 @@ from bridge.errors import (
     TooManyStreams,
     Unauthenticated,
 )
-from bridge.ingest import EdgeConnection
+from bridge.metrics import BridgeMetrics
+from bridge.ports import Edges, Subscriptions
+from bridge.settings import Settings
 from bridge.subscribers import Subscriber
 from bridge.v1 import bridge_pb2 as pb
-
-if TYPE_CHECKING:
-    from bridge.app import BridgeService as Hub
 
 log = logging.getLogger("bridge.grpc")
 
@@ -93,8 +92,9 @@ def _bearer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     return ""
 
 
-def build_server(hub: Hub) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
-    settings = hub.settings
+def build_server(
+    settings: Settings, edges: Edges, subscribers: Subscriptions, metrics: BridgeMetrics
+) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
     # Receive cap: the largest frame plus protobuf framing; gRPC's own default (4 MiB) is too small.
     max_msg = settings.max_frame_bytes + 64 * 1024
     server = grpc.aio.server(
@@ -111,14 +111,13 @@ def build_server(hub: Hub) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
     async def connect(
         _request_iterator: object, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
-        conn = EdgeConnection(hub, GrpcTransport(context), header_token=_bearer(context))
-        await conn.run()
+        await edges.serve(GrpcTransport(context), _bearer(context))
 
     async def subscribe(
         request_bytes: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         request = pb.SubscribeRequest.FromString(request_bytes)
-        if len(hub.subscribers) >= settings.max_subscribers:
+        if len(subscribers) >= settings.max_subscribers:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many subscribers")
         queue_frames = min(
             request.queue_frames or settings.subscriber_queue_frames,
@@ -126,10 +125,10 @@ def build_server(hub: Hub) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
         )
         sub = Subscriber(set(request.stream_ids), queue_frames)
         try:
-            backlog = hub.subscribers.attach(sub, request.from_bridge_seq, hub.core.egress)
+            backlog = subscribers.attach(sub, request.from_bridge_seq)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
-        hub.metrics.subscribers.set(len(hub.subscribers))
+        metrics.subscribers.set(len(subscribers))
         try:
             for data in backlog:
                 yield data
@@ -139,8 +138,8 @@ def build_server(hub: Hub) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
                     return
                 yield item
         finally:
-            hub.subscribers.detach(sub)
-            hub.metrics.subscribers.set(len(hub.subscribers))
+            subscribers.detach(sub)
+            metrics.subscribers.set(len(subscribers))
 
     server.add_generic_rpc_handlers(
         (
