@@ -123,7 +123,7 @@ class BridgeService:
             depth=settings.worker_depth,
             on_done=self._on_processed,
         )
-        self.events.work = self.processor.kick
+        self.events.work = self.processor.notify
         self.capacity = Capacity(
             self.core,
             self.pool,

@@ -43,7 +43,7 @@ class Capacity:
             return
         self._pool.resize(workers)
         self._metrics.workers.set(workers)
-        self._processor.kick()
+        self._processor.notify()
 
     def set_ring_budget(self, total_bytes: int, per_stream_floor: int) -> None:
         before = self._core.ring_capacity_per_stream

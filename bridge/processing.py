@@ -120,6 +120,7 @@ class Processor:
         self._on_done = on_done
         self._in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduled = False
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -131,10 +132,27 @@ class Processor:
         """Swap the backend live (GPU unhealthy -> CPU); frames in flight finish as they were."""
         self.decimator = decimator
 
-    def kick(self) -> None:
-        """Dispatch as much work as the in-flight bound allows (call on the loop)."""
+    def notify(self) -> None:
+        """There is new work (or room for more): dispatch it soon, on a later loop callback.
+
+        The core calls this from inside ``offer``; processing right there would re-enter the
+        core (``take_work``/``complete``) and run fan-out and pushes on the ingest coroutine's
+        stack. One scheduled dispatch serves any number of notifications before it runs.
+        """
+        if self._scheduled:
+            return
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
+        self._scheduled = True
+        self._loop.call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._scheduled = False
+        self._fill()
+
+    def _fill(self) -> None:
+        """Dispatch as much work as the in-flight bound allows (on the loop, never from inside
+        a core call)."""
         limit = self.pool.size * self.depth
         while self._in_flight < limit:
             item = self.core.take_work()
@@ -152,7 +170,7 @@ class Processor:
             self.pool.submit(self._task(item, self.decimator))
 
     def _task(self, item: WorkItem, decimator: Decimator | None) -> Callable[[], None]:
-        loop = self._loop
+        loop = self._loop or asyncio.get_running_loop()
         assert loop is not None
 
         def run() -> None:
@@ -178,7 +196,7 @@ class Processor:
             self._on_done(item, spent, error)
         if self._in_flight == 0:
             self._idle.set()
-        self.kick()
+        self._fill()  # a loop callback of its own, not inside a core call
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
