@@ -17,15 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from bridge.errors import (
-    FrameTooLarge,
-    ProtocolError,
-    ProtocolViolation,
-    TooManyPoints,
-    TooManySessions,
-    TooManyStreams,
-    Unauthenticated,
-)
+from bridge.errors import ProtocolError
 from bridge.metrics import BridgeMetrics
 from bridge.ports import Edges, Subscriptions
 from bridge.settings import Settings
@@ -36,16 +28,6 @@ log = logging.getLogger("bridge.grpc")
 
 SERVICE_INGEST = "bridge.v1.Ingest"
 SERVICE_VISUALIZATION = "bridge.v1.Visualization"
-
-
-def status_code(error: ProtocolError) -> grpc.StatusCode:
-    if isinstance(error, FrameTooLarge | TooManyPoints | TooManyStreams | TooManySessions):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if isinstance(error, ProtocolViolation):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(error, Unauthenticated):
-        return grpc.StatusCode.UNAUTHENTICATED
-    return grpc.StatusCode.INVALID_ARGUMENT
 
 
 class GrpcTransport:
@@ -73,7 +55,7 @@ class GrpcTransport:
             raise ConnectionError(f"{type(exc).__name__}: {exc}") from None
 
     async def reject(self, error: ProtocolError) -> None:
-        self.context.set_code(status_code(error))
+        self.context.set_code(grpc.StatusCode[error.wire.grpc_status])
         self.context.set_details(str(error))
 
     async def close_going_away(self, reason: str = "bridge shutting down") -> None:

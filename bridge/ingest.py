@@ -34,19 +34,6 @@ from bridge.v1 import bridge_pb2 as pb
 
 log = logging.getLogger("bridge.ingest")
 
-ERROR_CODES: dict[str, int] = {
-    "malformed": pb.MALFORMED,
-    "protocol_violation": pb.PROTOCOL_VIOLATION,
-    "unknown_stream": pb.UNKNOWN_STREAM,
-    "invalid_layout": pb.INVALID_LAYOUT,
-    "too_large": pb.TOO_LARGE,
-    "too_many_points": pb.TOO_MANY_POINTS,
-    "seq_regression": pb.SEQ_REGRESSION,
-    "too_many_streams": pb.TOO_MANY_STREAMS,
-    "too_many_sessions": pb.TOO_MANY_SESSIONS,
-    "unauthenticated": pb.UNAUTHENTICATED,
-}
-
 
 @dataclass(frozen=True, slots=True)
 class IngestConfig:
@@ -333,7 +320,7 @@ class EdgeConnection:
     ) -> pb.BridgeMessage:
         return pb.BridgeMessage(
             error=pb.Error(
-                code=ERROR_CODES.get(exc.reason, pb.ERROR_CODE_UNSPECIFIED),  # type: ignore[arg-type]
+                code=exc.wire.code,  # type: ignore[arg-type]
                 message=str(exc),
                 stream_id=frame.stream_id if frame is not None else "",
                 seq=frame.seq if frame is not None else 0,

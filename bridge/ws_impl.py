@@ -1,8 +1,8 @@
 """WebSocket ingest adapter (``websockets`` asyncio server) at ``/v1/ingest``.
 
 Library defaults that bite a point-cloud relay are set deliberately (DESIGN §8): permessage-
-deflate off and ``max_size`` from settings. Fatal protocol errors close with 1007 (malformed),
-1009 (too big) or 1008 (policy); a draining bridge closes with 1001.
+deflate off and ``max_size`` from settings. Fatal protocol errors close with the code from
+``bridge.errors.WIRE``; a draining bridge closes with 1001.
 """
 
 from __future__ import annotations
@@ -27,14 +27,6 @@ log = logging.getLogger("bridge.ws")
 INGEST_PATH = "/v1/ingest"
 
 
-def close_code(error: ProtocolError) -> int:
-    if isinstance(error, MalformedMessage):
-        return int(CloseCode.INVALID_DATA)  # 1007
-    if isinstance(error, FrameTooLarge):
-        return int(CloseCode.MESSAGE_TOO_BIG)  # 1009
-    return int(CloseCode.POLICY_VIOLATION)  # 1008
-
-
 class WsTransport:
     name = "ws"
 
@@ -57,7 +49,7 @@ class WsTransport:
             raise ConnectionError(str(exc)) from None
 
     async def reject(self, error: ProtocolError) -> None:
-        await self.ws.close(close_code(error), str(error)[:120])
+        await self.ws.close(error.wire.ws_close, str(error)[:120])
 
     async def close_going_away(self, reason: str = "bridge shutting down") -> None:
         await self.ws.close(int(CloseCode.GOING_AWAY), reason)
