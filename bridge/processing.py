@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from bridge import wire
 from bridge.core import BridgeCore, WorkItem
 from bridge.decimate import Decimator
 from bridge.v1 import bridge_pb2 as pb
@@ -23,19 +24,8 @@ log = logging.getLogger("bridge.processing")
 Clock = Callable[[], int]
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-_POINT_CLOUD_TAG = bytes([(7 << 3) | 2])  # ProcessedFrame.point_cloud, length-delimited
+# ProcessedFrame.point_cloud's key, from the descriptor: a passthrough cloud is spliced in as is.
+_POINT_CLOUD_KEY = wire.field_key(pb.ProcessedFrame.DESCRIPTOR, "point_cloud")
 
 
 def needs_worker(item: WorkItem, decimator: Decimator | None) -> bool:
@@ -95,7 +85,7 @@ def process_frame(
     out.processed_time_ns = clock()
     raw_cloud = cloud.SerializeToString()
     return (
-        (out.SerializeToString(), _POINT_CLOUD_TAG, _varint(len(raw_cloud)), raw_cloud),
+        (out.SerializeToString(), wire.length_prefix(_POINT_CLOUD_KEY, len(raw_cloud)), raw_cloud),
         0.0,
         error,
     )

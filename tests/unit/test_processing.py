@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from bridge.core import BridgeCore
 from bridge.decimate import get_decimator
 from bridge.decimate._types import DecimationResult
-from bridge.processing import Processor
+from bridge.processing import Processor, process_frame
 from bridge.ring import Entry
 from bridge.session import Session, Stream
 from bridge.v1 import bridge_pb2 as pb
@@ -145,3 +148,31 @@ async def test_a_frame_the_kernel_refuses_is_delivered_raw_and_reported() -> Non
         assert out.point_cloud.data == cloud_frame("lidar", 1, n=7).point_cloud.data
     finally:
         pool.close()
+
+
+@given(st.integers(min_value=0, max_value=3000), st.text(max_size=12))
+def test_a_spliced_passthrough_cloud_equals_the_encoder(points: int, frame_id: str) -> None:
+    core, _ = make_core(budget=10_000_000, max_points=5000, max_frame_bytes=100_000)
+    session = core.hello(hello(), "c").session
+    frame = cloud_frame("lidar", 1, n=points)
+    frame.point_cloud.frame_id = frame_id
+    core.offer(session, frame, frame.ByteSize(), 5)
+    item = core.take_work()
+    assert item is not None
+    parts, _, error = process_frame(item, None, clock=lambda: 9)
+    assert error is None and isinstance(parts, tuple)
+    expected = pb.ProcessedFrame(
+        stream_id="lidar",
+        seq=1,
+        device_id="dev",
+        ingest_time_ns=5,
+        processed_time_ns=9,
+        decimation=pb.DecimationInfo(
+            input_points=points, output_points=points, backend="passthrough"
+        ),
+        point_cloud=frame.point_cloud,
+    )
+    joined = b"".join(parts)
+    assert pb.ProcessedFrame.FromString(joined) == expected
+    cloud = frame.point_cloud.SerializeToString()
+    assert joined.endswith(cloud), "the cloud is spliced in verbatim, not re-encoded"
