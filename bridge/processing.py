@@ -111,12 +111,6 @@ class Processor:
         self._in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
 
     def set_decimator(self, decimator: Decimator | None) -> None:
         """Swap the backend live (GPU unhealthy -> CPU); frames in flight finish as they were."""
@@ -156,7 +150,6 @@ class Processor:
                     self._on_done(item, 0.0, error)
                 continue
             self._in_flight += 1
-            self._idle.clear()
             self.pool.submit(self._task(item, self.decimator))
 
     def _task(self, item: WorkItem, decimator: Decimator | None) -> Callable[[], None]:
@@ -184,9 +177,4 @@ class Processor:
         self.core.complete(item, data)
         if self._on_done is not None:
             self._on_done(item, spent, error)
-        if self._in_flight == 0:
-            self._idle.set()
         self._fill()  # a loop callback of its own, not inside a core call
-
-    async def wait_idle(self) -> None:
-        await self._idle.wait()

@@ -76,7 +76,9 @@ def _make(name: str, threads: int) -> Decimator:
 def get_decimator(name: str = "auto", *, threads: int = 1) -> Decimator:
     """The decimator called ``name``, or the best available one for ``"auto"``.
 
-    ``threads`` is the C kernel's thread count (the worker pool sets it). An explicitly named
+    ``threads`` splits one cloud across that many C kernel threads (default 1: the bridge runs
+    frames in parallel on its worker pool instead, one kernel thread each, and never passes it;
+    ``simbridge decimate --threads`` does). An explicitly named
     backend that cannot run here raises :class:`BackendUnavailable` with the reason.
     """
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
