@@ -183,19 +183,19 @@ def test_memory_usage_keyword_only_in_steps() -> None:
 
 def test_cloud_files_fall_back_visibly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No Open3D (or no files): the run publishes synthetic clouds and says SKIPPED."""
-    from loadgen import runner
+    from loadgen import steps
     from loadgen.clouds import Open3DUnavailable
 
     def no_open3d(path: object) -> None:
         raise Open3DUnavailable("Open3D cannot be imported (test)")
 
     s = from_mapping({"clouds": [str(tmp_path / "*.pcd")], "points": 100})
-    monkeypatch.setattr(runner, "load_cloud", no_open3d)
-    payloads, note = runner.prepare_clouds(s)
+    monkeypatch.setattr(steps, "load_cloud", no_open3d)
+    payloads, note = steps.prepare_clouds(s)
     assert len(payloads) == 4
     assert note.startswith("SKIPPED cloud files (Open3D unavailable") and "synthetic" in note
     monkeypatch.undo()
-    payloads, note = runner.prepare_clouds(s)  # the glob matches nothing: a missing file
+    payloads, note = steps.prepare_clouds(s)  # the glob matches nothing: a missing file
     assert note.startswith("SKIPPED cloud files") and len(payloads) == 4
 
 
