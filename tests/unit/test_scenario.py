@@ -91,12 +91,19 @@ def test_toml_and_json(tmp_path: Path) -> None:
     assert [s.transport_of(i) for i in range(4)] == ["ws", "grpc", "ws", "grpc"]
 
 
-@pytest.mark.parametrize("name", BUILTINS)
+@pytest.mark.parametrize("name", [b for b in BUILTINS if b != "steady"])
 def test_builtins_parse(name: str) -> None:
     s = builtin(name)
     assert s.name == name
     assert len(s.resizes) >= 6
     assert s.baseline == "restart"
+
+
+def test_steady_builtin_is_load_only() -> None:
+    """For an external bridge (``run --target``): whoever runs it resizes the Pod."""
+    s = builtin("steady")
+    assert s.resizes == () and s.baseline == "none"
+    assert {s.transport_of(i) for i in range(s.edges)} == {"ws", "grpc"}
 
 
 def test_ci_short_covers_the_cases_the_test_needs() -> None:
@@ -207,4 +214,4 @@ def test_shipped_example_files_parse() -> None:
     assert {"demo.yaml", "ci-short.yaml", "long.yaml", "pcd-replay.yaml"} <= set(names)
     for name in names:
         s = load(Path(str(folder.joinpath(name))))
-        assert s.resizes, name
+        assert s.resizes or name == "steady.yaml", name
