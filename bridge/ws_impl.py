@@ -1,6 +1,6 @@
 """WebSocket ingest adapter (``websockets`` asyncio server) at ``/v1/ingest``.
 
-Library defaults that bite a point-cloud relay are set deliberately (DESIGN §8): permessage-
+Library defaults that bite a point-cloud relay are set deliberately (docs/design.md §2): permessage-
 deflate off and ``max_size`` from settings. Fatal protocol errors close with 1007 (malformed),
 1009 (too big) or 1008 (policy); a draining bridge closes with 1001.
 """

@@ -76,7 +76,7 @@ MAX_LATENCY_SAMPLES = 1_000_000
 FRAME_REJECTIONS = frozenset(
     {pb.INVALID_LAYOUT, pb.TOO_LARGE, pb.TOO_MANY_POINTS, pb.UNKNOWN_STREAM, pb.SEQ_REGRESSION}
 )
-#: WebSocket close codes the bridge uses (DESIGN §2), named in ``EdgeStats.close_reasons``.
+#: WebSocket close codes the bridge uses (docs/design.md §2), named in ``EdgeStats.close_reasons``.
 WS_CLOSE_NAMES = {
     1000: "normal",
     1001: "going_away",
@@ -742,7 +742,7 @@ class EdgeClient:
                         continue
                 await conn.send(entry.data)
                 self.core.mark_sent(entry)
-                # websockets' send() does not yield while the socket takes data (DESIGN §8).
+                # websockets' send() does not yield while the socket takes data (docs/design.md §6).
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
