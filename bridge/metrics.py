@@ -1,7 +1,8 @@
 """The data plane's Prometheus metrics, registered on an injected registry (never the global).
 
-Names follow DESIGN §5: namespace ``bridge_``, base units, ``_total`` counters, no per-device
-labels on high-rate series (label values are small closed sets: transport, reason, backend).
+Names follow docs/design.md §5: namespace ``bridge_``, base units, ``_total`` counters, no
+per-device labels on high-rate series (label values are small closed sets: transport, reason,
+backend).
 """
 
 from __future__ import annotations
