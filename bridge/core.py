@@ -15,7 +15,7 @@ from typing import Protocol, cast
 
 from bridge import codec
 from bridge.cloud import CloudLayout
-from bridge.egress import EgressLog
+from bridge.egress import EgressLog, Outgoing
 from bridge.errors import (
     FrameNeverFits,
     InvalidLayout,
@@ -71,6 +71,17 @@ class CoreConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Attached:
+    """What :meth:`BridgeCore.hello` decided: the session, the Welcome to send, and the
+    connection it replaced (a device reconnecting while its old connection looked alive: one
+    connection per session, the newest wins; the caller closes the old one)."""
+
+    session: Session
+    welcome: pb.Welcome
+    superseded: object | None
+
+
+@dataclass(frozen=True, slots=True)
 class WorkItem:
     """Everything a worker needs, immutable once handed off the event loop."""
 
@@ -97,7 +108,6 @@ class BridgeCore:
         self.streams: dict[StreamKey, Stream] = {}
         self.egress = EgressLog()
         self.auto_ack = False  # no sink configured: delivered once offered to subscribers
-        self.draining = False
         self._state_charges: dict[str, Charge] = {}  # session id -> its state's charge
         self._work_queue: deque[Stream] = deque()  # streams with PENDING entries, round robin
         self._queued: set[StreamKey] = set()
@@ -108,8 +118,8 @@ class BridgeCore:
     def attached_sessions(self) -> int:
         return sum(1 for s in self.sessions.values() if s.attached)
 
-    def hello(self, hello: pb.Hello, connection: object) -> tuple[Session, pb.Welcome]:
-        """Attach a connection to a new or resumed session; returns the Welcome to send."""
+    def hello(self, hello: pb.Hello, connection: object) -> Attached:
+        """Attach a connection to a new or resumed session (see :class:`Attached`)."""
         if not hello.device_id:
             raise ProtocolViolation("Hello without a device_id")
         session = self.sessions.get(hello.resume_token) if hello.resume_token else None
@@ -134,6 +144,9 @@ class BridgeCore:
             )
         configs = {spec.stream_id: self._stream_config(spec) for spec in new_specs}
         resume = {r.stream_id: r.delivered_seq for r in hello.resume}
+        current = self.by_device.get(hello.device_id)
+        prior = current.connection if current is not None and current.attached else None
+        superseded = prior if prior is not None and prior is not connection else None
         if not resumed:  # checked last: nothing can fail once the charge is taken
             state = self.governor.try_charge(
                 Component.SESSIONS,
@@ -175,7 +188,7 @@ class BridgeCore:
                 for s in session.streams.values()
             ],
         )
-        return session, welcome
+        return Attached(session, welcome, superseded)
 
     def limits_now(self) -> pb.ServerLimits:
         """The limits an edge must respect now: ``max_frame_bytes`` follows the memory plan (the
@@ -355,8 +368,11 @@ class BridgeCore:
     def sink_ack(self, bridge_seq: int) -> list[Entry]:
         """Cumulative ack from the sink (or auto-ack): free ring entries, advance delivered.
 
-        Returns the entries delivered by this ack (for delivery metrics).
+        Returns the entries delivered by this ack (for delivery metrics); an ack at or below
+        the last one changes nothing.
         """
+        if bridge_seq <= self.egress.acked_bridge_seq:
+            return []
         touched: dict[StreamKey, Stream] = {}
         delivered: list[Entry] = []
         for stream, entry in self.egress.pop_acked(bridge_seq):
@@ -370,6 +386,21 @@ class BridgeCore:
             self._mark_dirty(stream, urgent=True)
             self.listener.on_space(stream)
         return delivered
+
+    # The delivery port (``bridge.ports.Delivery``), driven by the sink pusher.
+    def sink_connected(self, marks: list[tuple[StreamKey, int]]) -> None:
+        """A new sink stream announced what it holds: never resend that, replay the rest."""
+        self.sink_watermarks(marks)
+        self.egress.rewind()
+
+    def next_batch(self, limit: int) -> list[Entry]:
+        return self.egress.take_batch(limit)
+
+    def mark_sent(self, entry: Entry) -> Outgoing | None:
+        return self.egress.mark_sent(entry)
+
+    def sink_failed(self) -> None:
+        self.egress.clear_in_flight()
 
     def sink_watermarks(self, marks: list[tuple[StreamKey, int]]) -> None:
         """The sink already holds these (device, stream) seqs: never send them again."""
@@ -426,6 +457,10 @@ class BridgeCore:
         fair shares with it (held frames drain; nothing is admitted above the new limit)."""
         self.governor.set_budget(budget_bytes, reserve_bytes)
         self._rebalance_rings()
+
+    def reclaim_for_waiters(self) -> int:
+        """Receive grants are waiting: make room for them from ``drop_oldest`` streams."""
+        return self.reclaim(max(1, self.governor.waiting_bytes))
 
     def reclaim(self, nbytes: int) -> int:
         """Admission is waiting for ``nbytes``: evict from ``drop_oldest`` streams (they chose

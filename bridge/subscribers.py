@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from bridge.egress import EgressLog, frame_bytes, gap_trailer
 from bridge.governor import Charge, Component, Governor
@@ -101,7 +101,10 @@ class Subscriber:
 
 
 class SubscriberSet:
-    def __init__(self, governor: Governor) -> None:
+    """Every attached viewer; the backlog a new one asks for comes from ``log``."""
+
+    def __init__(self, log: EgressLog, governor: Governor) -> None:
+        self._log = log
         self.governor = governor
         self._subs: set[Subscriber] = set()
 
@@ -113,16 +116,18 @@ class SubscriberSet:
         """Bytes one subscriber's queue may hold (half the reserve, split evenly)."""
         return self.governor.reserve_bytes // 2 // max(1, len(self._subs))
 
-    def attach(self, sub: Subscriber, from_bridge_seq: int, log: EgressLog) -> int:
-        """Register ``sub``; returns the last bridge_seq its backlog covers (read it with
-        :func:`backlog`, one frame at a time; 0 = live only)."""
+    def attach(self, sub: Subscriber, from_bridge_seq: int) -> Iterator[bytes]:
+        """Register ``sub``; returns its backlog after ``from_bridge_seq`` (0 = live only),
+        serialized one frame at a time as it is read (never the whole log copied at once)."""
+        log = self._log
         if from_bridge_seq and from_bridge_seq + 1 < log.first_bridge_seq:
             raise ValueError(
                 f"bridge_seq {from_bridge_seq + 1} is no longer held "
                 f"(oldest is {log.first_bridge_seq})"
             )
         self._subs.add(sub)
-        return log.last_bridge_seq if from_bridge_seq else 0
+        until = log.last_bridge_seq if from_bridge_seq else 0
+        return backlog(sub, log, from_bridge_seq, until)
 
     def detach(self, sub: Subscriber) -> None:
         self._subs.discard(sub)
@@ -156,7 +161,7 @@ class SubscriberSet:
             sub.close()
 
 
-def backlog(sub: Subscriber, log: EgressLog, after: int, until: int) -> Iterable[bytes]:
+def backlog(sub: Subscriber, log: EgressLog, after: int, until: int) -> Iterator[bytes]:
     """Frames ``after < bridge_seq <= until`` that ``sub`` wants, serialized one at a time (a
     resumed viewer never makes the bridge copy the whole log at once)."""
     cursor = after

@@ -232,7 +232,7 @@ async def test_subscribers_that_never_read_get_gaps_not_memory(free_port: int) -
         for _ in range(frames):
             await edge.publish("cam", cloud)
         assert await edge.wait_delivered(60)
-        status, body = await http_get(proc.http, "/metrics")
+        _, body = await http_get(proc.http, "/metrics")
         for call in calls:
             call.cancel()
         await channel.close()
@@ -309,7 +309,7 @@ async def test_memory_shrink_to_a_quarter_under_full_load(free_port: int, tmp_pa
     (cg / "cpu.max").write_text("max 100000\n")
     received = Received()
     env = {"BRIDGE_ADAPT": "true", "BRIDGE_CGROUP_ROOT": str(cg)}
-    async with bridge(free_port, "--cgroup-poll-seconds", "0.05", env=env) as (proc, peak):
+    async with bridge(free_port, "--cgroup-poll-seconds", "0.05", env=env) as (proc, _):
         edge = EdgeClient("ws", proc.ws_url, "good", [StreamConfig(f"s{i}") for i in range(4)])
         await edge.start()
         cloud = PreparedPayload.of(
