@@ -191,12 +191,15 @@ class Governor:
         self, component: Component, nbytes: int, *, pinned: bool = False
     ) -> Charge | None:
         """Optional data: a charge if the whole budget has room, else ``None``. ``pinned``:
-        long-lived, charged against the admission limit too (it does not wait behind grants:
-        it is small; grants that can then never fit are refused)."""
+        long-lived, charged against the admission limit; refused only when pinned charges
+        alone would exceed it (grants that can then never fit are refused)."""
         _check_size(nbytes)
-        room = self.total_bytes + nbytes <= self.budget_bytes
         if pinned:
-            room = room and self.admitted_bytes + nbytes <= self.admission_limit
+            # Only pinned charges compete with each other: a new session is welcome (and can be
+            # paused) even while frames fill admission; it takes its room from what drains next.
+            room = self.pinned_bytes + nbytes <= self.admission_limit
+        else:
+            room = self.total_bytes + nbytes <= self.budget_bytes
         if not room:
             self.stats.optional_refused += 1
             return None

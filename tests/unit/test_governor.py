@@ -117,7 +117,10 @@ def test_pinned_charges_shrink_what_admission_can_ever_grant() -> None:
     assert session is not None and session.tier is Tier.PINNED
     assert log == [None], "60 can never fit 80 - 25 pinned: refused, not blocking the queue"
     assert gov.admissible_bytes == 55 and gov.fair_share(5) == 11 and gov.never_fits(56)
-    assert gov.try_charge(Component.SESSIONS, 6, pinned=True) is None  # 50 + 25 + 6 > 80
+    more = gov.try_charge(Component.SESSIONS, 6, pinned=True)  # admission full: still welcome
+    assert more is not None and gov.admitted_bytes == 81 and gov.over_admission
+    more.release()
+    assert gov.try_charge(Component.SESSIONS, 56, pinned=True) is None  # 25 + 56 pinned > 80
     session.release()
     held.release()
     assert gov.admitted_bytes == gov.pinned_bytes == gov.total_bytes == 0
@@ -294,9 +297,12 @@ class GovernorMachine(RuleBasedStateMachine):
     def _within(self) -> bool:
         gov = self.gov
         forced = gov.charged(Component.DECIMATION)
+        # documented exceptions: forced (progress) charges, and pinned ones (sessions), which are
+        # welcome even while admission is full
         return (
-            gov.admitted_bytes <= gov.admission_limit
-            and gov.total_bytes <= gov.budget_bytes + forced
+            gov.admitted_bytes - gov.pinned_bytes <= gov.admission_limit
+            and gov.total_bytes <= gov.budget_bytes + forced + gov.pinned_bytes
+            and gov.pinned_bytes <= gov.admission_limit
         )
 
     @invariant()
