@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
-.PHONY: run test lint proto venv sysdeps bench-relay bench-decimate bench-adapt test-sanitize fuzz clean
+.PHONY: run test lint proto venv sysdeps test-memory-heavy bench-relay bench-decimate bench-adapt test-sanitize fuzz clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,10 @@ test-sanitize: venv
 FUZZ_EXAMPLES ?= 5000
 fuzz: venv
 	SIMBRIDGE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider tests/fuzz --timeout 3600
+
+# The hostile memory cases at full size (2,000 idle sessions, longer floods); make test runs small ones.
+test-memory-heavy: venv
+	SIMBRIDGE_HEAVY=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/integration/test_memory_hostile.py
 
 bench-relay: venv
 	$(PY) -m benchmarks.relay
