@@ -37,6 +37,8 @@ def mem(budget: int) -> tuple[int, int]:
 
 def ring_of(budget: int) -> int:
     return budget - budget // 4
+
+
 RESIZE = "/api/v1/namespaces/sim/pods/sim-bridge-0/resize"
 MIG_UUID = "MIG-4d5e6f7a-8b9c-5d0e-1f2a-3b4c5d6e7f80"  # the claimed device in the fixtures
 MIG_ID = "gpu.nvidia.com/gpu-node-a/gpu-0-mig-3g40gb-9-4"
