@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml setup.py
 
 venv: $(STAMP) sysdeps
 
-# System packages (Debian): libusb for Open3D's wheel (DESIGN §8), shellcheck for the deploy
+# System packages (Debian): libusb for Open3D's wheel (see the README), shellcheck for the deploy
 # scripts' test. Installed when we are root with apt-get; otherwise those tests skip visibly.
 SYSPKGS := libusb-1.0-0 shellcheck
 sysdeps:
