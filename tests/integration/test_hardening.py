@@ -125,7 +125,8 @@ async def test_connections_that_never_say_hello_are_closed() -> None:
     async with bridge("--hello-timeout-seconds=0.5") as b:
         async with connect(b.ws_url, compression=None) as ws:
             with pytest.raises(ConnectionClosed) as closed:
-                await asyncio.wait_for(ws.recv(), 5)
+                while True:  # an Error message first, then the close
+                    await asyncio.wait_for(ws.recv(), 5)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
         edge = RawGrpcEdge(f"127.0.0.1:{b.grpc}")
         try:
@@ -202,6 +203,8 @@ class Blackhole:
         self.partitioned_upto = 0  # connections numbered <= this are frozen for good
         self.server: asyncio.Server | None = None
         self._never = asyncio.Event()
+        self._relays: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
 
     def partition(self) -> None:
         self.partitioned_upto = self.connections
@@ -213,7 +216,11 @@ class Blackhole:
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         number = self.connections
+        task = asyncio.current_task()
+        assert task is not None
+        self._relays.add(task)
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+        self._writers += [writer, up_writer]
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             while data := await src.read(65536):
@@ -225,9 +232,16 @@ class Blackhole:
         with contextlib.suppress(OSError, asyncio.CancelledError):
             await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
-    def close(self) -> None:
+    async def close(self) -> None:
         if self.server is not None:
             self.server.close()
+        for task in self._relays:
+            task.cancel()
+        await asyncio.gather(*self._relays, return_exceptions=True)
+        for writer in self._writers:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
 
 
 async def test_a_silent_sink_is_detected_and_delivery_resumes() -> None:
@@ -255,7 +269,7 @@ async def test_a_silent_sink_is_detected_and_delivery_resumes() -> None:
                 finally:
                     await edge.close()
         finally:
-            hole.close()
+            await hole.close()
         stream = sink.report()["streams"]["d/s"]
         assert (stream["delivered"], stream["duplicates"], stream["lost"]) == (6, 0, 0)
 
@@ -329,3 +343,27 @@ def test_bad_addresses_are_refused_when_settings_load(args: tuple[str, ...]) -> 
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert done.stderr.strip()
+
+
+# -- 6. device churn leaves nothing behind ------------------------------------------------------
+
+
+async def test_churning_device_ids_keep_every_structure_bounded() -> None:
+    from tests.integration.harness import cloud_frame, running_bridge, ws_url
+
+    async with running_bridge(max_sessions=8) as service:
+        for i in range(200):
+            async with connect(ws_url(service), compression=None) as ws:
+                await ws.send(hello(f"churn-{i}", "lidar").SerializeToString())
+                await ws.recv()  # Welcome
+                frame = pb.EdgeMessage(frame=cloud_frame("lidar", 1))
+                await ws.send(frame.SerializeToString())
+                while True:  # until the frame is acknowledged as delivered
+                    reply = pb.BridgeMessage.FromString(await asyncio.wait_for(ws.recv(), 5))
+                    if reply.WhichOneof("kind") == "ack" and any(
+                        s.delivered_seq == 1 for s in reply.ack.streams
+                    ):
+                        break
+        assert len(service.core.sessions) <= 8
+        assert len(service.core.streams) <= 8
+        assert service.edges.tracked_streams <= 8
