@@ -12,6 +12,7 @@ from bridge.errors import (
     InvalidLayout,
     ProtocolViolation,
     SeqRegression,
+    SessionTaken,
     TooManyPoints,
     TooManySessions,
     TooManyStreams,
@@ -104,8 +105,14 @@ def test_hello_welcome_and_resume_by_token_and_device() -> None:
     s2, w2 = attach(core, hello(resume_token=s1.session_id), "conn2")
     assert s2 is s1 and w2.resumed
     assert [(s.stream_id, s.accepted_seq, s.delivered_seq) for s in w2.streams] == [("lidar", 1, 0)]
-    s3, w3 = attach(core, hello(), "conn3")  # same device, no token: still resumes
+    with pytest.raises(SessionTaken):  # same device, no token, session live: refused
+        attach(core, hello(), "conn3")
+    assert s1.connection == "conn2"
+    core.detach(s1, "conn2", now=1.0)
+    s3, w3 = attach(core, hello(), "conn3")  # detached: a device that lost its token resumes
     assert s3 is s1 and w3.resumed and s3.connection == "conn3"
+    s4, w4 = attach(core, hello(resume_token=s1.session_id), "conn4")  # the token takes over
+    assert s4 is s1 and w4.resumed and s4.connection == "conn4"
 
 
 def test_resume_state_from_hello_sets_the_baseline_of_a_new_stream() -> None:
