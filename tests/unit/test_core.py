@@ -269,9 +269,12 @@ def test_hello_returns_the_connection_it_supersedes() -> None:
     core, _ = make_core()
     first = core.hello(hello(), "old")
     assert first.superseded is None
-    again = core.hello(hello(), "new")  # reconnect while "old" still looks attached
+    token = first.session.session_id
+    # a reconnect with the session's token while "old" still looks attached (half-open)
+    again = core.hello(hello(resume_token=token), "new")
     assert again.session is first.session
     assert again.superseded == "old"
-    assert core.hello(hello(), "new").superseded is None  # the same connection replaces nothing
+    # the same connection replaces nothing
+    assert core.hello(hello(resume_token=token), "new").superseded is None
     core.detach(again.session, "new", 1.0)
     assert core.hello(hello(), "newer").superseded is None  # detached: nothing left to close
