@@ -298,7 +298,8 @@ class BridgeService:
         if self._http is not None:
             await self._http.close()
             self._http = None
-        self.pool.close(timeout=2.0)
+        # Joining worker threads blocks: off the loop (the loop guard in tests caught it).
+        await asyncio.to_thread(self.pool.close, 2.0)
 
 
 def _has(backend: str) -> bool:
