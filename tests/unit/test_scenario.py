@@ -91,12 +91,19 @@ def test_toml_and_json(tmp_path: Path) -> None:
     assert [s.transport_of(i) for i in range(4)] == ["ws", "grpc", "ws", "grpc"]
 
 
-@pytest.mark.parametrize("name", BUILTINS)
+@pytest.mark.parametrize("name", [b for b in BUILTINS if b != "steady"])
 def test_builtins_parse(name: str) -> None:
     s = builtin(name)
     assert s.name == name
     assert len(s.resizes) >= 6
     assert s.baseline == "restart"
+
+
+def test_steady_builtin_is_load_only() -> None:
+    """For an external bridge (``run --target``): whoever runs it resizes the Pod."""
+    s = builtin("steady")
+    assert s.resizes == () and s.baseline == "none"
+    assert {s.transport_of(i) for i in range(s.edges)} == {"ws", "grpc"}
 
 
 def test_ci_short_covers_the_cases_the_test_needs() -> None:
@@ -183,19 +190,19 @@ def test_memory_usage_keyword_only_in_steps() -> None:
 
 def test_cloud_files_fall_back_visibly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No Open3D (or no files): the run publishes synthetic clouds and says SKIPPED."""
-    from loadgen import runner
+    from loadgen import steps
     from loadgen.clouds import Open3DUnavailable
 
     def no_open3d(path: object) -> None:
         raise Open3DUnavailable("Open3D cannot be imported (test)")
 
     s = from_mapping({"clouds": [str(tmp_path / "*.pcd")], "points": 100})
-    monkeypatch.setattr(runner, "load_cloud", no_open3d)
-    payloads, note = runner.prepare_clouds(s)
+    monkeypatch.setattr(steps, "load_cloud", no_open3d)
+    payloads, note = steps.prepare_clouds(s)
     assert len(payloads) == 4
     assert note.startswith("SKIPPED cloud files (Open3D unavailable") and "synthetic" in note
     monkeypatch.undo()
-    payloads, note = runner.prepare_clouds(s)  # the glob matches nothing: a missing file
+    payloads, note = steps.prepare_clouds(s)  # the glob matches nothing: a missing file
     assert note.startswith("SKIPPED cloud files") and len(payloads) == 4
 
 
@@ -207,4 +214,4 @@ def test_shipped_example_files_parse() -> None:
     assert {"demo.yaml", "ci-short.yaml", "long.yaml", "pcd-replay.yaml"} <= set(names)
     for name in names:
         s = load(Path(str(folder.joinpath(name))))
-        assert s.resizes, name
+        assert s.resizes or name == "steady.yaml", name
