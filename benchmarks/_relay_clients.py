@@ -154,7 +154,7 @@ class Client:
 
 
 class WsClient(Client):
-    # ``await ws.send()`` does not yield while the socket takes data (DESIGN §8): without an
+    # ``await ws.send()`` does not yield while the socket takes data (docs/design.md §6): without an
     # explicit yield, 32 "concurrent" connections would take turns.
     yield_after_send = True
     ws: ClientConnection
@@ -163,7 +163,7 @@ class WsClient(Client):
         path = "/v1/ingest" if self.bridge else "/relay"
         self.ws = await connect(
             f"ws://{address}{path}",
-            compression=None,  # permessage-deflate would dominate (DESIGN §8)
+            compression=None,  # permessage-deflate would dominate (docs/design.md §2)
             max_size=MAX_FRAME_BYTES + 64 * 1024,
             ping_interval=None,
         )

@@ -39,7 +39,7 @@ def register(cmd: Command) -> Command:
 
 
 def _run_async(coro: Coroutine[Any, Any, int]) -> int:
-    """Run on uvloop when it is installed (the loopback ceilings in DESIGN §8 assume it)."""
+    """Run on uvloop when it is installed (the loopback ceilings in docs/design.md §6 assume it)."""
     try:
         import uvloop
     except ImportError:
