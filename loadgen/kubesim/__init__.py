@@ -3,8 +3,8 @@
 Why: the bridge's adaptation to in-place resize (docs/design.md §4) has to be tested end to end
 on a machine without a cluster. kubesim serves real HTTP/1.1 on 127.0.0.1 (port 0 by default),
 speaks the JSON shapes of the real objects (tests/fixtures/k8s), and writes the cgroup files the
-bridge reads into a directory laid out like ``BRIDGE_CGROUP_ROOT`` (v2: ``cpu.max`` etc. in it; v1: ``cpu/``,
-``memory/`` sub-directories).
+bridge reads into a directory laid out like ``BRIDGE_CGROUP_ROOT`` (v2: ``cpu.max`` etc. in it;
+v1: ``cpu/``, ``memory/`` sub-directories).
 
 What it models
   * One Pod (any number of containers), its ResourceClaims and the ResourceSlices, read-only except
