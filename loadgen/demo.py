@@ -18,11 +18,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loadgen import report as report_mod
 from loadgen.resize import BACKENDS
 from loadgen.scenario import BUILTINS, Scenario, ScenarioError, builtin, load, override
+
+if TYPE_CHECKING:
+    from loadgen.external import Target
 
 
 class _Progress:
@@ -200,7 +203,7 @@ def run_command(args: argparse.Namespace) -> int:
     return _execute(args, s)
 
 
-def _execute_external(args: argparse.Namespace, s: Scenario, targets: list[Any]) -> int:
+def _execute_external(args: argparse.Namespace, s: Scenario, targets: list[Target]) -> int:
     from loadgen.external import ExternalRun, KubectlResizer, check_scenario, format_report
 
     problems = check_scenario(s) + (
