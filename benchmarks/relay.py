@@ -84,7 +84,7 @@ from benchmarks._relay_output import (
     write_json,
 )
 from benchmarks._relay_sink import BenchSink
-from loadgen.launch import ChildProcess
+from loadgen.launch import READY, ChildProcess
 
 __all__ = [
     "CONNS",
@@ -149,7 +149,7 @@ def bridge_process(sink: str, extra: Sequence[str] = ()) -> ServerProcess:
         *("--session-ttl-seconds", "1", "--log-level", "WARNING"),
         *extra,
     ]
-    return ServerProcess("bridge", cmd, "SIMBRIDGE_READY")
+    return ServerProcess("bridge", cmd, READY)
 
 
 def raw_relay_process(kind: str, sink: str) -> ServerProcess:
