@@ -156,6 +156,13 @@ def configure_run(p: argparse.ArgumentParser) -> None:
     ext.add_argument(
         "--report", metavar="FILE", help="write the JSON report here (default: under --out)"
     )
+    ext.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="give up (exit 1) if an edge gets no Welcome within S seconds (default %(default)s)",
+    )
     _common(p)
 
 
@@ -226,7 +233,13 @@ def _execute_external(args: argparse.Namespace, s: Scenario, targets: list[Targe
     _say(args, f"scenario {s.summary()}")
     _say(args, "targets " + ", ".join(str(t) for t in targets))
     with _Progress(not args.quiet) as progress:
-        run = ExternalRun(s, targets, resizer=resizer, progress=progress.update)
+        run = ExternalRun(
+            s,
+            targets,
+            resizer=resizer,
+            progress=progress.update,
+            connect_timeout_s=args.connect_timeout,
+        )
         try:
             rep = asyncio.run(run.execute())
         except (ConnectionError, TimeoutError, OSError, RuntimeError) as exc:

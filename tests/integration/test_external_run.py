@@ -87,3 +87,15 @@ async def test_external_run_delivers_and_resizes_through_the_current_context(
     assert st["limits"]["cpu"] in ("3", "3000m")
     assert second["converged"] is False and "did not converge" in second["notes"][0]
     assert rep["ok"] is False  # a resize failed: the run says so (exit 1 from the CLI)
+
+
+def test_cli_exit_codes_unreachable_and_bad_arguments(free_port: int, tmp_path: Path) -> None:
+    from loadgen.cli import main
+
+    common = ["run", "--builtin", "steady", "--duration", "2", "--quiet", "--out", str(tmp_path)]
+    unreachable = [*common, "--target", f"ws://127.0.0.1:{free_port}", "--connect-timeout", "0.5"]
+    assert main(unreachable) == 1
+    assert main([*common, "--target", f"127.0.0.1:{free_port}"]) == 2  # no scheme
+    assert main([*common, "--pod", "p"]) == 2  # --pod without --target
+    # a scenario that resizes needs --pod; 'memory: usage' cannot work from outside
+    assert main(["run", "--builtin", "ci-short", "--target", f"ws://127.0.0.1:{free_port}"]) == 2
