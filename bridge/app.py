@@ -237,7 +237,7 @@ class BridgeService:
         if not self.settings.adapt:
             return
         from bridge.resources.adapt import Adapter, AdapterSettings
-        from bridge.resources.plan import PlanSettings
+        from bridge.resources.from_settings import plan_settings
 
         self.adapter = Adapter.from_env(
             self,
@@ -245,7 +245,7 @@ class BridgeService:
             settings=AdapterSettings(
                 poll_interval=self.settings.cgroup_poll_seconds,
                 pending_timeout=self.settings.resize_pending_timeout_seconds,
-                plan=PlanSettings(unlimited_memory_cap_bytes=self.settings.ring_budget_bytes),
+                plan=plan_settings(self.settings),  # the same plan `simbridge resources` shows
             ),
         )
         await self.adapter.start()

@@ -2,9 +2,11 @@
 
 Reads once: the cgroup (``BRIDGE_CGROUP_ROOT`` or the process's own), the own Pod with its
 ResourceClaims and ResourceSlices (when ``BRIDGE_POD_NAME``/``BRIDGE_POD_NAMESPACE`` and an API are
-configured), and NVML (when ``nvidia-ml-py`` is installed); then prints the plan the bridge would
-apply with default settings. Problems are printed, never fatal: exit status 0 unless the
-arguments are wrong.
+configured), and NVML (when ``nvidia-ml-py`` is installed); then prints, under ``plan``, the plan
+``simbridge serve`` would apply with the same settings (env ``BRIDGE_*`` and ``--config``, through
+the same :func:`~bridge.resources.from_settings.plan_settings`), before any stream connects.
+Problems with the sources are printed, never fatal: exit status 0, or 2 for bad arguments or
+settings.
 """
 
 from __future__ import annotations
@@ -15,14 +17,18 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from bridge import settings as settings_mod
+from bridge.errors import ConfigError
 from bridge.resources.adapt import affinity_cpus
 from bridge.resources.cgroup import open_cgroup
 from bridge.resources.describe import describe_plan, describe_snapshot, render_text
+from bridge.resources.from_settings import plan_settings
 from bridge.resources.gpu import GpuProbe
 from bridge.resources.kubeapi import KubeClient, KubeConfig, KubeError, own_pod_from_env
-from bridge.resources.plan import PlanSettings, make_plan
+from bridge.resources.plan import make_plan
 from bridge.resources.podsource import PodSource, PodUpdate
 from bridge.resources.snapshot import Snapshot, Sourced
 
@@ -46,9 +52,15 @@ async def _fetch_pod(
     return update, info
 
 
-def collect(env: Mapping[str, str] | None = None, timeout: float = 5.0) -> dict[str, Any]:
-    """Read every source once; the dict that ``--json`` prints."""
+def collect(
+    env: Mapping[str, str] | None = None,
+    timeout: float = 5.0,
+    settings: settings_mod.Settings | None = None,
+) -> dict[str, Any]:
+    """Read every source once; the dict that ``--json`` prints. ``settings`` default to the ones
+    ``simbridge serve`` would load from the same environment."""
     env = os.environ if env is None else env
+    settings = settings_mod.load(flags={}, env=env) if settings is None else settings
     reading = open_cgroup(env).read()
     update, pod_info = asyncio.run(_fetch_pod(env, timeout))
     probe = GpuProbe.load()
@@ -65,7 +77,11 @@ def collect(env: Mapping[str, str] | None = None, timeout: float = 5.0) -> dict[
     )
     out = describe_snapshot(snap)
     out["pod_source"] = pod_info
-    out["plan (default settings, no streams)"] = describe_plan(make_plan(snap, PlanSettings()))
+    out["plan"] = describe_plan(make_plan(snap, plan_settings(settings, env)))
+    out["plan_inputs"] = {
+        "ring_budget_bytes": settings.ring_budget_bytes,
+        "note": "the plan simbridge serve applies with these settings, before any stream connects",
+    }
     return out
 
 
@@ -79,8 +95,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=5.0, help="seconds to wait for the Kubernetes API"
     )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="the bridge's YAML/TOML/JSON config file, as for serve (env BRIDGE_CONFIG)",
+    )
     args = parser.parse_args(argv)
-    data = collect(timeout=args.timeout)
+    try:
+        settings = settings_mod.load(flags={}, env=os.environ, config_file=args.config)
+    except ConfigError as exc:
+        print(f"simbridge resources: {exc}", file=sys.stderr)
+        return 2
+    data = collect(timeout=args.timeout, settings=settings)
     if args.json:
         json.dump(data, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
