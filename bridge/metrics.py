@@ -106,3 +106,8 @@ class BridgeMetrics:
             registry=r,
         )
         self.ready = Gauge("bridge_ready", "1 when ready to accept edges", registry=r)
+
+    def publish_backend(self, name: str | None) -> None:
+        """``bridge_decimate_backend{backend}``: 1 for the backend in use, 0 for the others."""
+        for backend in ("cuda", "c", "numpy"):
+            self.decimate_backend.labels(backend).set(1 if backend == name else 0)

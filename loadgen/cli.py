@@ -383,3 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command].run(args)
     except KeyboardInterrupt:
         return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

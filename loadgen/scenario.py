@@ -18,7 +18,7 @@ import json
 import math
 import re
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ import yaml
 
 from bridge.resources.quantity import QuantityError, format_bytes, to_bytes, to_millicores
 
-BUILTINS = ("demo", "ci-short", "long")
+BUILTINS = ("demo", "ci-short", "long", "steady")
 TRANSPORTS = ("ws", "grpc", "mixed")
 BASELINES = ("restart", "none")
 
@@ -313,6 +313,17 @@ def from_mapping(data: Any, source: str = "<scenario>", name: str | None = None)
     if problems:
         raise ScenarioError(source, problems)
     return Scenario(name=scenario_name, **values)
+
+
+def override(s: Scenario, *, duration_s: float | None = None) -> Scenario:
+    """``s`` with values from the command line, validated like a file's (``ScenarioError``)."""
+    if duration_s is None:
+        return s
+    out = replace(s, duration_s=duration_s)
+    problems = _check(out)
+    if problems:
+        raise ScenarioError(f"{s.name} with --duration {duration_s:g}", problems)
+    return out
 
 
 def _check_bridge_settings(extra: dict[str, Any]) -> list[str]:
