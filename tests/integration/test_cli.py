@@ -145,14 +145,16 @@ async def test_json_log_format_makes_the_ready_line_json() -> None:
         stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None
-    line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-    ready = json.loads(line)
-    assert ready["msg"] == "SIMBRIDGE_READY" and ready["level"] == "info"
-    status, _ = await http_get(ready["http"], "/healthz")
-    assert status == 200
-    assert all(isinstance(ready[k], int) and ready[k] > 0 for k in ("ws", "grpc", "http"))
-    proc.send_signal(signal.SIGTERM)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        ready = json.loads(line)
+        assert ready["msg"] == "SIMBRIDGE_READY" and ready["level"] == "info"
+        status, _ = await http_get(ready["http"], "/healthz")
+        assert status == 200
+        assert all(isinstance(ready[k], int) and ready[k] > 0 for k in ("ws", "grpc", "http"))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0
     for text in (out.decode(), err.decode()):
         for log_line in filter(None, text.splitlines()):
