@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from bridge.errors import ConfigError
+from bridge.settings_help import flag_help
 
 MiB = 1024 * 1024
 
@@ -249,7 +250,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in fields(Settings):
         flag = "--" + f.name.replace("_", "-")
         kind = _types()[f.name]
-        help_text = f"(default {getattr(defaults, f.name)!r}; env {env_name(f.name)})"
+        help_text = flag_help(f.name, getattr(defaults, f.name), _CHOICES.get(f.name))
         if kind is bool:
             parser.add_argument(
                 flag,

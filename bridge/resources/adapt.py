@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from bridge.resources.cgroup import CgroupReader, open_cgroup
 from bridge.resources.describe import describe_gpu, describe_plan, describe_snapshot
+from bridge.resources.from_settings import plan_settings
 from bridge.resources.gpu import GpuProbe
 from bridge.resources.kubeapi import KubeClient, KubeConfig, KubeError, event_body, own_pod
 from bridge.resources.metrics import ResourceMetrics
@@ -170,7 +171,7 @@ class Adapter:
             settings = AdapterSettings(
                 poll_interval=bridge.cgroup_poll_seconds,
                 pending_timeout=bridge.resize_pending_timeout_seconds,
-                plan=PlanSettings(unlimited_memory_cap_bytes=bridge.ring_budget_bytes),
+                plan=plan_settings(bridge),  # the same plan `simbridge resources` prints
             )
         if settings.plan.container is None and bridge.container_name:
             plan = dataclasses.replace(settings.plan, container=bridge.container_name)

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from bridge import settings as settings_mod
@@ -21,9 +22,10 @@ from bridge.errors import ConfigError
 from bridge.resources.adapt import affinity_cpus
 from bridge.resources.cgroup import open_cgroup
 from bridge.resources.describe import describe_plan, describe_snapshot, render_text
+from bridge.resources.from_settings import plan_settings
 from bridge.resources.gpu import GpuProbe
 from bridge.resources.kubeapi import KubeClient, KubeConfig, KubeError, own_pod
-from bridge.resources.plan import PlanSettings, make_plan
+from bridge.resources.plan import make_plan
 from bridge.resources.podsource import PodSource, PodUpdate
 from bridge.resources.snapshot import Snapshot, Sourced
 from bridge.settings import Settings
@@ -67,7 +69,11 @@ def collect(settings: Settings, timeout: float = 5.0) -> dict[str, Any]:
     )
     out = describe_snapshot(snap)
     out["pod_source"] = pod_info
-    out["plan (default settings, no streams)"] = describe_plan(make_plan(snap, PlanSettings()))
+    out["plan"] = describe_plan(make_plan(snap, plan_settings(settings)))
+    out["plan_inputs"] = {
+        "ring_budget_bytes": settings.ring_budget_bytes,
+        "note": "the plan simbridge serve applies with these settings, before any stream connects",
+    }
     return out
 
 
@@ -81,9 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=5.0, help="seconds to wait for the Kubernetes API"
     )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="the bridge's YAML/TOML/JSON config file, as for serve (env BRIDGE_CONFIG)",
+    )
     args = parser.parse_args(argv)
     try:  # the same BRIDGE_* environment (and BRIDGE_CONFIG file) as serve
-        settings = settings_mod.load()
+        settings = settings_mod.load(config_file=args.config)
     except ConfigError as exc:
         print(f"simbridge resources: {exc}", file=sys.stderr)
         return 2

@@ -485,7 +485,7 @@ async def test_cli_prints_values_and_sources(stack: Callable[..., Any], tmp_path
             assert data["devices"][0]["uuid"] == MIG_UUID
             assert data["devices"][0]["health"] == "Healthy"
             workers = min(4, len(os.sched_getaffinity(0)))  # clamped to this machine's CPUs
-            assert data["plan (default settings, no streams)"]["workers"]["value"] == workers
+            assert data["plan"]["workers"]["value"] == workers
         else:
             text = out.decode()
             assert "cpu.max: " in text and "<- " + str(tmp_path / "cg-sim" / "cpu.max") in text
