@@ -6,12 +6,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
-.PHONY: run test lint proto venv sysdeps bench-relay bench-decimate bench-adapt test-sanitize fuzz clean
+.PHONY: run test lint proto chart-docs venv sysdeps bench-relay bench-decimate bench-adapt test-sanitize fuzz clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e '.[test,dev]'
+	$(PY) -m pip install -q -e '.[test,dev,loadgen,gpu]'
 	touch $(STAMP)
 
 venv: $(STAMP) sysdeps
@@ -47,6 +47,10 @@ lint: venv
 # Regenerate the protobuf/gRPC modules under bridge/v1 (tests fail when they are stale).
 proto: venv
 	$(PY) -m bridge.protogen
+
+# Regenerate the values table in charts/simbridge/README.md from values.yaml (a test checks it).
+chart-docs: venv
+	$(PY) scripts/chart_values_table.py --write
 
 # The C kernel under ASan/UBSan (like msgspec's sanitizer CI), then rebuilt normally.
 test-sanitize: venv

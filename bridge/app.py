@@ -22,6 +22,7 @@ from bridge import codec
 from bridge.capacity import Capacity
 from bridge.core import BridgeCore, CoreConfig
 from bridge.decimate import get_decimator
+from bridge.decimate.cuda import use_library as use_cuda_library
 from bridge.errors import StartupError
 from bridge.events import CoreEvents
 from bridge.grpc_impl import build_server, set_health
@@ -115,6 +116,8 @@ class BridgeService:
 
     async def _start(self) -> BoundPorts:
         settings = self.settings
+        if settings.cuda_lib:
+            use_cuda_library(settings.cuda_lib)
         decimator = get_decimator(settings.decimate_backend)
         cpu_decimator = (
             decimator if decimator.name != "cuda" else get_decimator("c" if _has("c") else "numpy")
@@ -205,18 +208,9 @@ class BridgeService:
         """Watch cgroup limits (and the own Pod / GPU where present) and re-plan live."""
         if not self.settings.adapt:
             return
-        from bridge.resources.adapt import Adapter, AdapterSettings
-        from bridge.resources.plan import PlanSettings
+        from bridge.resources.adapt import Adapter
 
-        self.adapter = Adapter.from_env(
-            target,
-            self.registry,
-            settings=AdapterSettings(
-                poll_interval=self.settings.cgroup_poll_seconds,
-                pending_timeout=self.settings.resize_pending_timeout_seconds,
-                plan=PlanSettings(unlimited_memory_cap_bytes=self.settings.ring_budget_bytes),
-            ),
-        )
+        self.adapter = Adapter.from_settings(target, self.registry, self.settings)
         await self.adapter.start()
 
     def describe_resources(self) -> dict[str, Any]:
@@ -327,7 +321,8 @@ class BridgeService:
         if self._http is not None:
             await self._http.close()
             self._http = None
-        self.pool.close(timeout=2.0)
+        # Joining worker threads blocks: off the loop (the loop guard in tests caught it).
+        await asyncio.to_thread(self.pool.close, 2.0)
 
 
 def _has(backend: str) -> bool:

@@ -18,11 +18,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loadgen import report as report_mod
 from loadgen.resize import BACKENDS
 from loadgen.scenario import BUILTINS, Scenario, ScenarioError, builtin, load, override
+
+if TYPE_CHECKING:
+    from loadgen.external import Target
 
 
 class _Progress:
@@ -153,6 +156,13 @@ def configure_run(p: argparse.ArgumentParser) -> None:
     ext.add_argument(
         "--report", metavar="FILE", help="write the JSON report here (default: under --out)"
     )
+    ext.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="give up (exit 1) if an edge gets no Welcome within S seconds (default %(default)s)",
+    )
     _common(p)
 
 
@@ -200,7 +210,7 @@ def run_command(args: argparse.Namespace) -> int:
     return _execute(args, s)
 
 
-def _execute_external(args: argparse.Namespace, s: Scenario, targets: list[Any]) -> int:
+def _execute_external(args: argparse.Namespace, s: Scenario, targets: list[Target]) -> int:
     from loadgen.external import ExternalRun, KubectlResizer, check_scenario, format_report
 
     problems = check_scenario(s) + (
@@ -223,7 +233,13 @@ def _execute_external(args: argparse.Namespace, s: Scenario, targets: list[Any])
     _say(args, f"scenario {s.summary()}")
     _say(args, "targets " + ", ".join(str(t) for t in targets))
     with _Progress(not args.quiet) as progress:
-        run = ExternalRun(s, targets, resizer=resizer, progress=progress.update)
+        run = ExternalRun(
+            s,
+            targets,
+            resizer=resizer,
+            progress=progress.update,
+            connect_timeout_s=args.connect_timeout,
+        )
         try:
             rep = asyncio.run(run.execute())
         except (ConnectionError, TimeoutError, OSError, RuntimeError) as exc:

@@ -57,6 +57,58 @@ class ChildProcess:
         self.ports: dict[str, int] = {}
 
     @classmethod
+    def spawn(
+        cls,
+        cmd: Sequence[str],
+        *,
+        name: str = "bridge",
+        env: Mapping[str, str] | None = None,
+        cwd: Path | str | None = None,
+        log_path: Path | None = None,
+        new_session: bool = False,
+    ) -> ChildProcess:
+        """Start ``cmd`` (``env`` over this process's environment) without waiting for it; call
+        :meth:`wait_ready` next. Apart from :meth:`start` for callers that must fork before they
+        start threads of their own (gRPC's fork handlers). ``new_session``: a Ctrl-C at the
+        console reaches this process only (the caller decides when the child stops)."""
+        # closed by stop()/kill()
+        log: IO[bytes] = tempfile.TemporaryFile() if log_path is None else log_path.open("ab")  # noqa: SIM115
+        try:
+            proc = subprocess.Popen(
+                list(cmd),
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env={**os.environ, **(env or {})},
+                cwd=cwd,
+                start_new_session=new_session,
+            )
+        except BaseException:
+            log.close()
+            raise
+        return cls(name, proc, log, log_path)
+
+    async def wait_ready(self, ready: str = READY, timeout: float = 60.0) -> dict[str, int]:  # noqa: ASYNC109
+        """Read the ready line within ``timeout`` seconds and keep its ports. On failure the
+        child is killed and the error carries the line it printed instead and its log's tail."""
+        assert self.proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), timeout)
+        except TimeoutError:
+            line = f"(no ready line within {timeout:g} s)"
+        except BaseException:
+            self.kill()
+            raise
+        ports = parse_ready(line, ready)
+        if ports is None:
+            where = f"; log: {self.log_path}" if self.log_path is not None else ""
+            logs = self.logs()  # read before kill() closes the log
+            self.kill()
+            raise RuntimeError(f"{self.name} did not start: {line.strip()!r}{where}\n{logs}")
+        self.ports = ports
+        return ports
+
+    @classmethod
     async def start(
         cls,
         cmd: Sequence[str],
@@ -69,41 +121,11 @@ class ChildProcess:
         timeout: float = 60.0,  # noqa: ASYNC109
         new_session: bool = False,
     ) -> ChildProcess:
-        """Spawn ``cmd`` (``env`` over this process's environment) and wait up to ``timeout``
-        seconds for its ready line. On failure the child is killed and the error carries the
-        line it printed instead and the tail of its log. ``new_session``: a Ctrl-C at the
-        console reaches this process only (the caller decides when the child stops)."""
-        # closed by stop()/kill()
-        log: IO[bytes] = tempfile.TemporaryFile() if log_path is None else log_path.open("ab")  # noqa: SIM115
-        try:
-            proc = subprocess.Popen(  # noqa: ASYNC220  (spawning does not block; reads go to threads)
-                list(cmd),
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                env={**os.environ, **(env or {})},
-                cwd=cwd,
-                start_new_session=new_session,
-            )
-        except BaseException:
-            log.close()
-            raise
-        child = cls(name, proc, log, log_path)
-        assert proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
-        except TimeoutError:
-            line = f"(no ready line within {timeout:g} s)"
-        except BaseException:
-            child.kill()
-            raise
-        ports = parse_ready(line, ready)
-        if ports is None:
-            where = f"; log: {log_path}" if log_path is not None else ""
-            logs = child.logs()  # read before kill() closes the log
-            child.kill()
-            raise RuntimeError(f"{name} did not start: {line.strip()!r}{where}\n{logs}")
-        child.ports = ports
+        """:meth:`spawn`, then :meth:`wait_ready`."""
+        child = cls.spawn(
+            cmd, name=name, env=env, cwd=cwd, log_path=log_path, new_session=new_session
+        )
+        await child.wait_ready(ready, timeout)
         return child
 
     @property

@@ -49,30 +49,6 @@ BELOW_USAGE_MARGIN = 2 << 20
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-class _EdgeClient(EdgeClient):
-    """Works around a leak in ``loadgen.edge._GrpcConn.close()`` (reported, not ours to edit):
-    it cancels the call but leaves the request generator blocked on its queue, so every gRPC
-    reconnect leaves a pending grpc ``_consume_request_iterator`` task behind, and asyncio prints
-    "Task was destroyed but it is pending!" / "aclose(): asynchronous generator is already
-    running" for each at exit (hundreds in a restart baseline). Ending the generator with the
-    queue's ``None`` sentinel before closing lets that task finish."""
-
-    async def _open(self) -> Any:
-        conn = await super()._open()
-        queue = getattr(conn, "_queue", None)
-        if isinstance(queue, asyncio.Queue):
-            close = conn.close
-
-            async def close_and_end_requests() -> None:
-                while not queue.empty():
-                    queue.get_nowait()
-                queue.put_nowait(None)
-                await close()
-
-            conn.close = close_and_end_requests
-        return conn
-
-
 # ---------------------------------------------------------------------------------------------
 # One run
 
@@ -175,7 +151,7 @@ class Run:
             transport = self.s.transport_of(i)
             url = bridge.url(transport)
             self.edges.append(
-                _EdgeClient(
+                EdgeClient(
                     transport,  # type: ignore[arg-type]
                     url,
                     f"edge-{i:03d}-{transport}",
