@@ -52,6 +52,13 @@ HELP: dict[str, str] = {
     "log_level": "log level",
     "auth_token": "bearer token edges must present (Hello.auth_token or Authorization: Bearer); "
     "empty = no authentication",
+    "cgroup_root": "a cgroup directory to watch instead of the bridge's own (tests, the demo)",
+    "kube_api": "Kubernetes API base URL; empty = the in-cluster service account",
+    "kube_token_file": "bearer token file for kube_api (re-read on every request)",
+    "pod_name": "the bridge's own Pod (downward API); with pod_namespace, its resize is watched",
+    "pod_namespace": "namespace of pod_name",
+    "container_name": "the bridge's container in the Pod; empty = 'bridge', else the first",
+    "cuda_lib": "the CUDA decimation library to load; empty = _sbv_cuda.so next to the package",
     "viewer_token": "bearer token Visualization.Subscribe needs (gRPC authorization metadata); "
     "empty = auth_token",
     "metrics_auth": "with auth_token set: /metrics needs the token (token) or is open for "
