@@ -11,7 +11,7 @@ PROTO_SRC := proto/bridge/v1/bridge.proto
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e '.[test,dev]'
+	$(PY) -m pip install -q -e '.[test,dev,view]'
 	touch $(STAMP)
 
 venv: $(STAMP) sysdeps
