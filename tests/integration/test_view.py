@@ -17,6 +17,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import shutil
 import signal
 import socket
 import struct
@@ -34,6 +35,7 @@ from bridge.v1 import bridge_pb2_grpc
 from loadgen.clouds import lidar_xyzrgb
 from loadgen.edge import EdgeClient, StreamConfig, cancel_and_wait
 from tests.integration.harness import BridgeProcess
+from tests.integration.test_tls import pki  # noqa: F401  (the openssl-made PKI fixture)
 from tests.integration.viewproc import ViewProcess
 
 pytest.importorskip("foxglove", reason="foxglove-sdk not installed (pip install simbridge[view])")
@@ -44,14 +46,16 @@ from mcap.reader import make_reader
 
 
 @contextlib.asynccontextmanager
-async def view_and_bridge(*view_args: str) -> AsyncIterator[tuple[ViewProcess, BridgeProcess]]:
+async def view_and_bridge(
+    *view_args: str, bridge_args: tuple[str, ...] = ()
+) -> AsyncIterator[tuple[ViewProcess, BridgeProcess]]:
     view = await ViewProcess.start(*view_args)
     bridge = None
     try:
         bridge = await BridgeProcess.start(
             "--sink-address", view.sink_address, "--ws-port", "0", "--grpc-port", "0",
             "--http-port", "0", "--sink-backoff-initial-seconds", "0.05",
-            "--sink-backoff-max-seconds", "0.3",
+            "--sink-backoff-max-seconds", "0.3", *bridge_args,
         )  # fmt: skip
         yield view, bridge
     finally:
@@ -300,3 +304,25 @@ async def test_a_viewer_that_never_reads_does_not_slow_acks() -> None:
     assert lidar["viewer_drops"] > 0
     assert isinstance(last, bytes) and b'"seq": 40' in last[:400]
     assert elapsed < 20
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI not found")
+async def test_push_over_mtls(pki: Path) -> None:  # noqa: F811  (the fixture)
+    """The view's Push server with TLS and required client certificates, like the bridge's
+    ``sink_ca_file``/``sink_cert_file``/``sink_key_file`` expect."""
+    view_tls = ("--tls-cert-file", str(pki / "server.pem"), "--tls-key-file",
+                str(pki / "server.key"), "--tls-client-ca-file", str(pki / "ca.pem"))  # fmt: skip
+    bridge_tls = ("--sink-ca-file", str(pki / "ca.pem"), "--sink-cert-file",
+                  str(pki / "client.pem"), "--sink-key-file", str(pki / "client.key"))  # fmt: skip
+    args = ("--foxglove-port", "off", "--web-port", "0", *view_tls)
+    async with view_and_bridge(*args, bridge_args=bridge_tls) as (view, bridge):
+        edge = edge_for(bridge)
+        try:
+            await edge.start()
+            for i in range(3):
+                await edge.publish("lidar", cloud(i))
+            assert await edge.wait_delivered(15)
+        finally:
+            await edge.close()
+        status = await view.status()
+    assert status["bridge"]["frames_recorded"] == 3
