@@ -56,7 +56,7 @@ def field_key(message: Descriptor, name: str, wire_type: int = WIRE_LEN) -> byte
 
 
 def key_byte(message: Descriptor, name: str, wire_type: int = WIRE_LEN) -> int:
-    """The single key byte of a field numbered below 16 (what a scanner compares with ``buf[0]``)."""
+    """The one key byte of a field numbered below 16 (what a scanner compares with ``buf[0]``)."""
     key = field_key(message, name, wire_type)
     if len(key) != 1:
         raise ValueError(f"{message.name}.{name} has a multi-byte key")
