@@ -30,10 +30,11 @@ import grpc
 import pytest
 from websockets.asyncio.client import connect
 
+from bridge.client import EdgeClient, StreamSpec
+from bridge.client.client import cancel_and_wait
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
 from loadgen.clouds import lidar_xyzrgb
-from loadgen.edge import EdgeClient, StreamConfig, cancel_and_wait
 from tests.integration.harness import BridgeProcess
 from tests.integration.test_tls import pki  # noqa: F401  (the openssl-made PKI fixture)
 from tests.integration.viewproc import ViewProcess
@@ -71,10 +72,9 @@ def cloud(seed: int, n: int = 4000) -> pb.PointCloud:
 
 def edge_for(bridge: BridgeProcess, device: str = "robot-1") -> EdgeClient:
     return EdgeClient(
-        "ws",
         bridge.ws_url,
-        device,
-        [StreamConfig("lidar", voxel_size=0.25), StreamConfig("imu", kind="telemetry")],
+        device_id=device,
+        streams=[StreamSpec("lidar", voxel_size=0.25), StreamSpec("imu", kind="telemetry")],
     )
 
 
