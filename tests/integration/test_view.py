@@ -326,3 +326,34 @@ async def test_push_over_mtls(pki: Path) -> None:  # noqa: F811  (the fixture)
             await edge.close()
         status = await view.status()
     assert status["bridge"]["frames_recorded"] == 3
+
+
+async def test_sidecar_tees_frames_into_a_view_process(tmp_path: Path) -> None:
+    """What ``make run`` does: the reference sink's frames, teed to a view child process, show
+    up per run mode and are recorded to MCAP."""
+    from bridge.view.sidecar import ViewSidecar
+
+    side = ViewSidecar(tmp_path / "rec", tmp_path / "view.log")
+    await asyncio.to_thread(side.start)
+    try:
+        for mode in ("in-place", "restart"):
+            for seq in (1, 2, 3):
+                frame = pb.ProcessedFrame(
+                    device_id="edge-0", stream_id="lidar", seq=seq, point_cloud=cloud(seq, n=50)
+                )
+                side.hook(mode, frame)
+        assert side.feed is not None
+        for _ in range(200):
+            if side.feed.sent == 6:
+                break
+            await asyncio.sleep(0.05)
+        assert side.feed.sent == 6 and side.feed.dropped == 0
+        await asyncio.sleep(0.3)  # the view's acks; then SIGTERM finishes the file
+    finally:
+        await asyncio.to_thread(side.stop)
+        if side.feed is not None:
+            await side.feed.close()
+    got = read_recording(tmp_path / "rec")
+    assert got["counts"]["/in-place/edge-0/lidar"] == 3
+    assert got["counts"]["/restart/edge-0/lidar"] == 3
+    assert side.where()[0].startswith("live page:  http://127.0.0.1:")
