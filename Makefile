@@ -17,12 +17,14 @@ $(STAMP): pyproject.toml setup.py
 venv: $(STAMP) sysdeps
 
 # System packages (Debian): libusb for Open3D's wheel (DESIGN §8), shellcheck for the deploy
-# scripts' test. Installed when we are root with apt-get; otherwise those tests skip visibly.
-SYSPKGS := libusb-1.0-0 shellcheck
+# scripts' test, chromium for the view page's browser test. Installed when we are root with
+# apt-get; otherwise those tests skip visibly.
+SYSPKGS := libusb-1.0-0 shellcheck chromium
 sysdeps:
 	@missing=""; \
 	ldconfig -p 2>/dev/null | grep -q 'libusb-1.0.so.0' || missing="$$missing libusb-1.0-0"; \
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    (apt-get install -y -q $$missing >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $$missing >/dev/null 2>&1)) \

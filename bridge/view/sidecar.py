@@ -3,12 +3,15 @@
 Why: the load generator's demo keeps its own reference sink (the delivery accounting) and still
 wants a live page and an MCAP record of what was delivered. :class:`ViewSidecar` starts the view
 on free ports, tees frames to it, tells where to look, and stops it with SIGTERM so the MCAP
-files are finished with their summaries and watermarks.
+files are finished with their summaries and watermarks. The child runs at a lower CPU priority
+(``nice``): on a busy machine it is the viewer that falls behind (its feed drops, counted), not
+the program it watches.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,20 +22,24 @@ from bridge.view.feed import ViewFeed
 
 
 class ViewSidecar:
-    def __init__(self, mcap_dir: Path, log_path: Path, *, web_port: int = 0) -> None:
+    def __init__(
+        self, mcap_dir: Path, log_path: Path, *, web_port: int = 0, nice: int = 10
+    ) -> None:
         self.mcap_dir = mcap_dir
+        self.nice = nice
         self.log_path = log_path
         self.web_port = web_port
         self.proc: subprocess.Popen[str] | None = None
         self.ports: dict[str, int] = {}
         self.feed: ViewFeed | None = None
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self) -> None:
         """Start the child and wait for its ready line (raises RuntimeError if it fails)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            nice = ["nice", "-n", str(self.nice)] if self.nice and shutil.which("nice") else []
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bridge.cli", "view", "--listen", "127.0.0.1:0",
+                [*nice, sys.executable, "-m", "bridge.cli", "view", "--listen", "127.0.0.1:0",
                  "--foxglove-port", "0", "--web-port", str(self.web_port), "--no-fsync",
                  "--mcap", str(self.mcap_dir)],
                 stdout=subprocess.PIPE, stderr=log, text=True, env=dict(os.environ),
