@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from http import HTTPStatus
 from importlib import resources
@@ -87,6 +88,7 @@ class WebOutlet:
         port: int = 8088,
         max_points: int = 200_000,
         max_clients: int = 32,
+        max_topics: int = 256,
     ) -> None:
         self.stats = stats
         self._status = status
@@ -94,9 +96,11 @@ class WebOutlet:
         self.port = port
         self.max_points = max_points
         self.max_clients = max_clients
+        self.max_topics = max_topics
         self._queue: DroppingQueue[Delivery] = DroppingQueue(4, self._dropped)
         self._clients: set[_Client] = set()
-        self._latest: dict[str, tuple[tuple[str, str], bytes]] = {}
+        # The newest frame per topic, for viewers that connect later: bounded like the rest.
+        self._latest: OrderedDict[str, tuple[tuple[str, str], bytes]] = OrderedDict()
         self._server: Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._static = {
@@ -154,6 +158,9 @@ class WebOutlet:
             topic = f"/{frame.device_id}/{frame.stream_id}"
             key = (frame.device_id, frame.stream_id)
             self._latest[topic] = (key, data)
+            self._latest.move_to_end(topic)
+            while len(self._latest) > self.max_topics:
+                self._latest.popitem(last=False)
             for client in self._clients:
                 client.push(topic, key, data)
             await asyncio.sleep(0)
