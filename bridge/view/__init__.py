@@ -13,6 +13,7 @@ server, an MCAP recording and a browser page. Layout, one concern per module:
 - ``foxglove_out``  the Foxglove WebSocket server (foxglove-sdk)
 - ``web``       the page, its static files and ``/api/status``
 - ``service``, ``cli``  lifecycle and the command line
+- ``feed``, ``sidecar``  tee frames from another program (the load generator's demo) into a view
 
 foxglove-sdk and mcap come with the ``view`` extra (``pip install simbridge[view]``); the bridge
 itself never imports this package.
