@@ -23,6 +23,9 @@ import pytest_asyncio
 
 from tests.integration.harness import ROOT, BridgeProcess
 
+#: The tests that share the module's bridge and sink run on the module's event loop.
+shared_stack = pytest.mark.asyncio(loop_scope="module")
+
 EXAMPLES = ROOT / "examples"
 PCL = ROOT / "tests" / "data" / "pcl"
 
@@ -37,9 +40,12 @@ class SinkExample:
         return [f for f in map(json.loads, lines) if f["device"] == device]
 
 
-@pytest_asyncio.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[tuple[SinkExample, BridgeProcess]]:
-    record = tmp_path / "frames.jsonl"
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[tuple[SinkExample, BridgeProcess]]:
+    """One bridge and one custom sink for the module (each example uses its own device id)."""
+    record = tmp_path_factory.mktemp("sink") / "frames.jsonl"
     proc = subprocess.Popen(  # noqa: ASYNC220 (spawning does not block)
         [sys.executable, str(EXAMPLES / "custom_sink.py"), "--listen", "127.0.0.1:0",
          "--record", str(record)],
@@ -82,6 +88,7 @@ def seqs(frames: list[dict[str, Any]], stream: str) -> list[int]:
     return sorted(f["seq"] for f in frames if f["stream"] == stream)
 
 
+@shared_stack
 async def test_publish_numpy_async_and_sync(stack: tuple[SinkExample, BridgeProcess]) -> None:
     sink, bridge = stack
     out = await run_example(str(EXAMPLES / "publish_numpy.py"), bridge.ws_url, "--frames", "5")
@@ -100,6 +107,7 @@ async def test_publish_numpy_async_and_sync(stack: tuple[SinkExample, BridgeProc
     assert status[0]["values"] == {"battery": 1.0, "speed": 0.5}
 
 
+@shared_stack
 async def test_ros_pointcloud2_layout(stack: tuple[SinkExample, BridgeProcess]) -> None:
     sink, bridge = stack
     out = await run_example(str(EXAMPLES / "ros_pointcloud2.py"), bridge.ws_url, "--frames", "3")
@@ -132,6 +140,7 @@ def test_ros_mapping_strips_row_padding_and_swaps_big_endian() -> None:
     assert p.dtype["x"].byteorder in ("<", "=")
 
 
+@shared_stack
 async def test_replay_pcd_and_ply_files(
     stack: tuple[SinkExample, BridgeProcess], tmp_path: Path
 ) -> None:
@@ -150,6 +159,7 @@ async def test_replay_pcd_and_ply_files(
     assert seqs(sink.frames("replay"), "replay") == list(range(1, out["frames"] + 1))
 
 
+@shared_stack
 async def test_node_edge(stack: tuple[SinkExample, BridgeProcess], tmp_path: Path) -> None:
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
