@@ -357,3 +357,33 @@ async def test_sidecar_tees_frames_into_a_view_process(tmp_path: Path) -> None:
     assert got["counts"]["/in-place/edge-0/lidar"] == 3
     assert got["counts"]["/restart/edge-0/lidar"] == 3
     assert side.where()[0].startswith("live page:  http://127.0.0.1:")
+
+
+async def test_foxglove_outlet_drops_for_a_slow_viewer_and_announces_the_gap() -> None:
+    from bridge.view import convert
+    from bridge.view.fanout import Delivery
+    from bridge.view.foxglove_out import FoxgloveOutlet
+    from bridge.view.stats import ViewStats
+
+    stats = ViewStats()
+    outlet = FoxgloveOutlet(stats, port=0, queue_frames=1)
+    logged: list[convert.OutMessage] = []
+    outlet._log = logged.append  # type: ignore[method-assign]
+    outlet.start()
+    try:
+        for seq in (1, 2, 3):  # no await in between: the publisher task cannot keep up
+            f = pb.ProcessedFrame(
+                device_id="d", stream_id="s", seq=seq, point_cloud=cloud(seq, n=10)
+            )
+            outlet.offer(Delivery(f, convert.to_messages(f, 1, convert.FrameIds()), 1))
+        for _ in range(100):
+            if logged:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+    finally:
+        await outlet.stop()
+    assert outlet.dropped == 2 and stats.streams[("d", "s")].viewer_drops == 2
+    assert [m.topic for m in logged] == ["/d/s/gaps", "/d/s"]
+    gap = json.loads(logged[0].data)
+    assert (gap["count"], gap["reason"], gap["seq"]) == (2, "slow_viewer", 3)
