@@ -114,7 +114,11 @@ async def _run(service: ViewService) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    ports = await service.start()
+    try:
+        ports = await service.start()
+    except BaseException:
+        await service.stop()  # whatever had started (Foxglove, the page) goes down with it
+        raise
     print(
         f"SIMBRIDGE_VIEW_READY grpc={ports.grpc} foxglove={ports.foxglove} web={ports.web}",
         flush=True,

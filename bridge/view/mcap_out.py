@@ -14,6 +14,7 @@ bridge exactly what it holds and nothing is recorded twice.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -115,6 +116,9 @@ class McapRecorder:
             raise ValueError("MCAP rotation limits must be > 0")
         if compression not in COMPRESSIONS:
             raise ValueError(f"MCAP compression must be one of {sorted(COMPRESSIONS)}")
+        module = {"zstd": "zstandard", "lz4": "lz4"}.get(compression)
+        if module is not None and importlib.util.find_spec(module) is None:
+            raise ValueError(f"MCAP compression {compression} needs `pip install {module}`")
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.max_seconds = max_seconds

@@ -201,11 +201,14 @@ def grpc_server(
     bridge_pb2_grpc.add_VisualizationSinkServicer_to_server(  # type: ignore[no-untyped-call]
         _Servicer(sink), server
     )
-    port = (
-        server.add_secure_port(listen, credentials)
-        if credentials is not None
-        else server.add_insecure_port(listen)
-    )
+    try:
+        port = (
+            server.add_secure_port(listen, credentials)
+            if credentials is not None
+            else server.add_insecure_port(listen)
+        )
+    except RuntimeError:  # grpc's way of saying the address cannot be bound
+        port = 0
     if not port:
         raise OSError(f"cannot bind {listen}")
     return server, int(port)
