@@ -21,6 +21,8 @@ import shutil
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -387,3 +389,17 @@ async def test_foxglove_outlet_drops_for_a_slow_viewer_and_announces_the_gap() -
     assert [m.topic for m in logged] == ["/d/s/gaps", "/d/s"]
     gap = json.loads(logged[0].data)
     assert (gap["count"], gap["reason"], gap["seq"]) == (2, "slow_viewer", 3)
+
+
+def test_bad_arguments_exit_2_with_a_clear_message() -> None:
+    for args, message in (
+        (["--frame-id", "nope"], "expected [DEVICE/]STREAM=FRAME_ID"),
+        (["--listen", "999.1.1.1:5"], "cannot bind 999.1.1.1:5"),
+        (["--foxglove-port", "70000"], "port must be 0..65535"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "bridge.cli", "view", "--foxglove-port", "off", *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2, (args, done.stderr)
+        assert message in done.stderr
