@@ -72,5 +72,8 @@ bench-decimate: venv
 bench-adapt: venv
 	$(PY) -m benchmarks.adapt
 
+bench-view: venv
+	$(PY) -m benchmarks.view
+
 clean:
 	rm -rf $(VENV) build *.egg-info
