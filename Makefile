@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
-.PHONY: run test lint proto venv sysdeps bench-relay bench-decimate bench-adapt test-sanitize fuzz clean
+.PHONY: run test lint proto venv sysdeps bench-relay bench-decimate bench-adapt bench-view test-sanitize fuzz clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
