@@ -6,17 +6,17 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
-.PHONY: run test lint proto venv sysdeps bench-relay bench-decimate bench-adapt bench-view test-sanitize fuzz clean
+.PHONY: run test lint proto chart-docs venv sysdeps bench-relay bench-decimate bench-adapt bench-view test-sanitize fuzz clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e '.[test,dev,view]'
+	$(PY) -m pip install -q -e '.[test,dev,loadgen,gpu,view]'
 	touch $(STAMP)
 
 venv: $(STAMP) sysdeps
 
-# System packages (Debian): libusb for Open3D's wheel (DESIGN §8), shellcheck for the deploy
+# System packages (Debian): libusb for Open3D's wheel (see the README), shellcheck for the deploy
 # scripts' test, chromium for the view page's browser test. Installed when we are root with
 # apt-get; otherwise those tests skip visibly.
 SYSPKGS := libusb-1.0-0 shellcheck chromium
@@ -49,6 +49,10 @@ lint: venv
 # Regenerate the protobuf/gRPC modules under bridge/v1 (tests fail when they are stale).
 proto: venv
 	$(PY) -m bridge.protogen
+
+# Regenerate the values table in charts/simbridge/README.md from values.yaml (a test checks it).
+chart-docs: venv
+	$(PY) scripts/chart_values_table.py --write
 
 # The C kernel under ASan/UBSan (like msgspec's sanitizer CI), then rebuilt normally.
 test-sanitize: venv

@@ -8,7 +8,23 @@ it; ``tests/unit/test_wire.py`` checks every splice against the real protobuf en
 
 from __future__ import annotations
 
-from google.protobuf.descriptor import Descriptor
+from collections.abc import Mapping
+from typing import Protocol
+
+
+class _Field(Protocol):
+    @property
+    def number(self) -> int: ...
+
+
+class Descriptor(Protocol):
+    """A generated message's ``DESCRIPTOR`` (pure-Python or upb: both fit)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def fields_by_name(self) -> Mapping[str, _Field]: ...
+
 
 WIRE_VARINT = 0
 WIRE_LEN = 2

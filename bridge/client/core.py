@@ -120,6 +120,7 @@ class Entry:
     order: int  # global publish order: "oldest" across streams
     data: bytes
     capture_time_ns: int
+    payload_at: int  # where the prepared payload starts in ``data`` (for renumbering)
     transmissions: int = 0
 
     @property
@@ -171,6 +172,7 @@ class EdgeCore:
         self.stats = stats if stats is not None else EdgeStats()
         self.on_delivered = on_delivered
         self.session_id = ""
+        self.welcomed = False
         self.session_paused = False
         self.buffered_bytes = 0
         self.buffered_frames = 0
@@ -219,7 +221,8 @@ class EdgeCore:
             raise TypeError(f"a {payload.kind} payload on {st.spec.kind} stream {stream_id!r}")
         data = encode_frame(stream_id, st.next_seq, capture_time_ns, payload)
         self._order += 1
-        entry = Entry(stream_id, st.next_seq, self._order, data, capture_time_ns)
+        at = len(data) - payload.nbytes
+        entry = Entry(stream_id, st.next_seq, self._order, data, capture_time_ns, at)
         st.next_seq += 1
         st.buf[entry.seq] = entry
         st.pending.append(entry)
@@ -280,13 +283,20 @@ class EdgeCore:
         A resumed session still holds what it accepted, so resending starts above
         ``accepted_seq``; a new session (bridge restarted) gets everything above
         ``delivered_seq``, which comes from the sink's watermarks.
+
+        On the first Welcome of this process, a stream the bridge already knows (the device
+        published before, from an earlier process) continues above the bridge's seqs: frames
+        numbered from 1 again would be taken for duplicates and never delivered.
         """
+        first, self.welcomed = not self.welcomed, True
         self.session_id = welcome.session_id
         self.session_paused = False
         states = {s.stream_id: s for s in welcome.streams}
         for sid, st in self.streams.items():
             st.paused = False
             state = states.get(sid)
+            if first and state is not None:
+                self._continue_after(st, max(state.accepted_seq, state.delivered_seq))
             self._delivered(st, state.delivered_seq if state else 0, now_ns)
             if welcome.resumed and state is not None:
                 start = max(st.delivered, state.accepted_seq)
@@ -294,6 +304,22 @@ class EdgeCore:
             else:
                 start = st.delivered
             st.pending = deque(e for e in st.buf.values() if e.seq > start)
+
+    def _continue_after(self, st: StreamState, floor: int) -> None:
+        """Shift this stream's seqs (all unsent: no Welcome came before) above ``floor``."""
+        if floor <= 0:
+            return
+        kind = st.spec.kind
+        renumbered: dict[int, Entry] = {}
+        for e in st.buf.values():
+            payload = PreparedPayload(kind, e.data[e.payload_at :])
+            data = encode_frame(e.stream_id, e.seq + floor, e.capture_time_ns, payload)
+            self.buffered_bytes += len(data) - e.nbytes
+            e.seq, e.data, e.payload_at = e.seq + floor, data, len(data) - payload.nbytes
+            renumbered[e.seq] = e
+        st.buf = renumbered
+        st.next_seq += floor
+        st.accepted = st.delivered = floor  # not this process's frames: not counted
 
     def on_ack(self, ack: pb.Ack, now_ns: int) -> None:
         for sa in ack.streams:

@@ -134,6 +134,19 @@ async def test_cut_connections_resume_with_no_loss_and_no_duplicate(transport: s
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_restarted_device_process_continues_its_streams(transport: str) -> None:
+    async with bridge_and_sink() as (bridge, sink):
+        url = url_for(transport, port_of(bridge, transport))
+        for run in range(3):  # three processes in turn, each with fresh client state
+            edge = EdgeClient(url, device_id="robot-1", streams=[StreamSpec("lidar")])
+            async with edge:
+                seqs = [await edge.publish("lidar", cloud(50, run * 10 + i)) for i in range(4)]
+                await edge.drain(timeout=20)
+            assert seqs == list(range(run * 4 + 1, run * 4 + 5))
+        assert_exactly_once(sink, 12)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_publish_waits_during_pause_and_loses_nothing(transport: str, free_port: int) -> None:
     frame_bytes = 300 * 12
     # The sink is down at first: nothing gets delivered, the small ring fills, the bridge pauses.

@@ -98,6 +98,25 @@ def test_resume_resends_above_accepted_and_a_new_session_above_delivered() -> No
     assert (c.stats.sent, c.stats.resent) == (5, 3)
 
 
+def test_a_fresh_process_continues_above_what_the_bridge_holds_for_its_device() -> None:
+    c = core(StreamSpec("a", kind="telemetry"), StreamSpec("b", kind="telemetry"))
+    blob(c, "a", b"early", t=11)  # published while connecting
+    c.on_welcome(welcome(True, ("a", 7, 5), ("b", 0, 0), session="old"), 0)
+    assert blob(c, "a") == 9 and blob(c, "b") == 1
+    sent = []
+    while (e := c.next_to_send()) is not None:
+        c.mark_sent(e)
+        sent.append(pb.EdgeMessage.FromString(e.data).frame)
+    assert [(f.stream_id, f.seq) for f in sent] == [("a", 8), ("a", 9), ("b", 1)]
+    assert (sent[0].capture_time_ns, sent[0].telemetry.blob) == (11, b"early")
+    assert c.buffered_bytes == sum(len(e.data) for s in c.streams.values() for e in s.buf.values())
+    c.on_ack(ack("a", 9, 9), 0)
+    c.on_ack(ack("b", 1, 1), 0)
+    assert c.all_delivered() and (c.stats.accepted, c.stats.delivered) == (3, 3)
+    c.on_welcome(welcome(True, ("a", 9, 9), ("b", 1, 1), session="old"), 0)  # later: no shift
+    assert blob(c, "a") == 10
+
+
 def test_flow_control_pauses_a_stream_or_the_session_and_a_welcome_clears_it() -> None:
     c = core(StreamSpec("a", kind="telemetry"), StreamSpec("b", kind="telemetry"))
     c.on_welcome(welcome(False), 0)
@@ -123,11 +142,12 @@ def test_backpressure_streams_wait_drop_oldest_streams_never_do() -> None:
         StreamSpec("lossy", kind="telemetry", overflow="drop_oldest"),
         frames=2,
     )
+    c.on_welcome(welcome(False), 0)
     assert not c.must_wait("bp", 10)
     blob(c, "bp")
     blob(c, "bp")
     assert c.must_wait("bp", 10) and not c.must_wait("lossy", 10)
-    c.on_welcome(welcome(False, ("bp", 0, 1)), 0)  # delivered 1: room again
+    c.on_ack(ack("bp", 2, 1), 0)  # delivered 1: room again
     assert not c.must_wait("bp", 10)
     c.on_flow_control(pb.FlowControl(action=pb.FlowControl.PAUSE, stream_id="bp"))
     assert c.must_wait("bp", 10) and not c.must_wait("lossy", 10)
