@@ -1,4 +1,4 @@
-"""``simbridge``: the bridge's command line (serve, resources, decimate, bench).
+"""``simbridge``: the bridge's command line (serve, resources, decimate, bench, view).
 
 Only this module calls ``sys.exit``. ``serve`` installs signal handlers: SIGTERM (or a first
 SIGINT) drains and exits 0, or 3 when the grace period ended with frames undelivered (the edges
@@ -128,11 +128,18 @@ def _bench(argv: list[str]) -> int:
     return 2  # pragma: no cover - argparse's choices admit nothing else
 
 
+def _view(argv: list[str]) -> int:
+    from bridge.view.cli import main as view_main
+
+    return view_main(argv)
+
+
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "serve": (_serve, "run the bridge"),
     "resources": (_resources, "print the limits the bridge sees and where each came from"),
     "decimate": (_decimate, "voxel-downsample a PCD/PLY file"),
     "bench": (_bench, "run a benchmark (bench decimate)"),
+    "view": (_view, "visualization sink: Foxglove WebSocket, MCAP record, browser page"),
 }
 
 
