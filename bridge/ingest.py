@@ -5,7 +5,9 @@ The WebSocket and gRPC adapters wrap each connection in an ``EdgeTransport`` and
 The registry owns what connections share: the live set, the per-stream "space freed" events, the
 ack wake-ups and the draining flag. Backpressure: when a ring is full a connection stops reading
 (the transport's own flow control then stops the sender) and tells the edge with
-``FlowControl PAUSE`` / ``RESUME``.
+``FlowControl PAUSE`` / ``RESUME``; the same happens, session-wide, while the transport waits for
+the memory governor to grant the next message's bytes. Each message's charge is handed to its
+ring on acceptance, or released here exactly once.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from bridge.errors import (
     TooManyPending,
     Unauthenticated,
 )
+from bridge.governor import Charge
 from bridge.logs import RateLimitedLog
 from bridge.metrics import BridgeMetrics
-from bridge.ports import EdgeTransport, IngestCore
+from bridge.ports import EdgeTransport, IngestCore, Received
 from bridge.session import Session, Stream, StreamKey
 from bridge.settings import Settings
 from bridge.v1 import bridge_pb2 as pb
@@ -182,6 +185,9 @@ class EdgeConnection:
         self._send_lock = asyncio.Lock()
         self._task: asyncio.Task[Any] | None = None
         self._superseded = False
+        self._flow_want = False  # session-wide PAUSE wanted (a receive grant is waiting)
+        self._flow_sent = False
+        self._flow_task: asyncio.Future[None] | None = None
 
     def wake_acks(self, *, urgent: bool) -> None:
         self._acks_due.set()
@@ -198,10 +204,13 @@ class EdgeConnection:
         metrics.connections.labels(transport).inc()
         self._task = asyncio.current_task()
         ack_task: asyncio.Task[None] | None = None
+        self.transport.on_wait(self._on_grant_wait)
         try:
-            raw = await self._first_message()
-            if raw is None:
+            received = await self._first_message()
+            if received is None:
                 return
+            raw = received.data
+            received.charge.release()  # a Hello is parsed and dropped at once
             try:
                 msg = codec.decode_edge(raw, self._config.limits)
                 if msg.WhichOneof("kind") != "hello":
@@ -243,14 +252,16 @@ class EdgeConnection:
         finally:
             if ack_task is not None:
                 ack_task.cancel()
+            if self._flow_task is not None:
+                self._flow_task.cancel()
             edges.unregister(self)
             if self.session is not None:
                 core.detach(self.session, self, time.monotonic())
                 metrics.sessions.set(core.attached_sessions)
             metrics.connections.labels(transport).dec()
 
-    async def _first_message(self) -> bytes | None:
-        """The Hello's bytes, within the deadline, while at most ``max_pending_connections``
+    async def _first_message(self) -> Received | None:
+        """The Hello, within the deadline, while at most ``max_pending_connections``
         connections wait for theirs; anything else is refused and the connection closed."""
         edges, config = self._edges, self._config
         if edges.pending >= config.max_pending_connections:
@@ -285,45 +296,96 @@ class EdgeConnection:
         transport = self.transport.name
         assert self.session is not None
         while True:
-            raw = await self.transport.recv()
-            if raw is None:
+            received = await self.transport.recv()
+            if received is None:
                 return
+            size = len(received.data)
             metrics.frames_received.labels(transport).inc()
-            metrics.bytes_received.labels(transport).inc(len(raw))
+            metrics.bytes_received.labels(transport).inc(size)
             frame: pb.Frame | None = None
+            charge: Charge | None = received.charge
             try:
-                msg = codec.decode_edge(raw, self._config.limits)
+                msg = codec.decode_edge(received.data, self._config.limits)
+                del received  # the wire bytes: only the parsed frame (charged) is kept
                 if msg.WhichOneof("kind") != "frame":
                     raise ProtocolViolation("Hello may only be sent once per connection")
                 frame = msg.frame
                 if self._edges.draining:
                     continue  # not accepted, not acked: the edge resends it after reconnecting
-                await self._admit(frame, len(raw))
+                assert charge is not None
+                owned, charge = charge, None
+                await self._admit(frame, size, owned)
             except ProtocolError as exc:
                 if exc.fatal:
                     await self._refuse(exc, fatal=True)
                     return
                 await self._refuse(exc, fatal=False, frame=frame or exc.frame)
+            finally:
+                if charge is not None:
+                    charge.release()
 
-    async def _admit(self, frame: pb.Frame, size: int) -> None:
+    def _on_grant_wait(self, waiting: bool) -> None:
+        """Reading stopped for a memory grant: tell the whole session to pause (and resume).
+        Then let ``drop_oldest`` streams give way first: they chose losing old frames over
+        stalling (this may grant at once, and then RESUME follows the PAUSE)."""
+        if waiting:
+            self._metrics.backpressure.inc()
+        self._flow_want = waiting
+        if self.session is not None and self._flow_task is None:
+            # One sender, whatever the edge reads: a peer that never reads blocks it, and
+            # flips in between only update what it sends next (bounded, in order).
+            self._flow_task = asyncio.ensure_future(self._flow_sender())
+        if waiting:
+            self._core.reclaim_for_waiters()
+
+    async def _flow_sender(self) -> None:
+        try:
+            while self._flow_want != self._flow_sent:
+                want = self._flow_want
+                action = pb.FlowControl.PAUSE if want else pb.FlowControl.RESUME
+                msg = pb.BridgeMessage(flow_control=pb.FlowControl(action=action))
+                with contextlib.suppress(ConnectionError):
+                    await self.send(msg)
+                self._flow_sent = want
+        finally:
+            self._flow_task = None
+
+    async def _admit(self, frame: pb.Frame, size: int, charge: Charge) -> None:
+        """Offer until the ring accepts (it takes over ``charge``); otherwise (a duplicate, an
+        error, draining, cancelled) ``charge`` is released here, exactly once."""
+        state = {"taken": False, "paused": False}
+        try:
+            await self._offer_until_taken(frame, size, charge, state)
+        finally:
+            if not state["taken"]:
+                charge.release()
+        if state["paused"]:
+            await self.send(
+                pb.BridgeMessage(
+                    flow_control=pb.FlowControl(
+                        action=pb.FlowControl.RESUME, stream_id=frame.stream_id
+                    )
+                )
+            )
+
+    async def _offer_until_taken(
+        self, frame: pb.Frame, size: int, charge: Charge, state: dict[str, bool]
+    ) -> None:
         core, metrics = self._core, self._metrics
         assert self.session is not None
-        paused = False
         while True:
             space = self._edges.space_event((self.session.device_id, frame.stream_id))
             space.clear()
-            outcome = core.offer(self.session, frame, size, time.time_ns())
+            outcome = core.offer(self.session, frame, size, time.time_ns(), charge)
             if outcome is Offer.ACCEPTED:
+                state["taken"] = True
                 metrics.frames_accepted.inc()
-                break
+                return
             if outcome is Offer.DUPLICATE:
                 metrics.frames_duplicate.inc()
-                break
-            if not paused:
-                paused = True
-                if not core.fits(self.session, frame, size):
-                    # Only after a live shrink below one frame: wait for the budget to grow.
-                    log.warning("frame of %d bytes exceeds the ring capacity; waiting", size)
+                return
+            if not state["paused"]:
+                state["paused"] = True
                 metrics.backpressure.inc()
                 await self.send(
                     pb.BridgeMessage(
@@ -335,14 +397,6 @@ class EdgeConnection:
             await space.wait()
             if self._edges.draining:
                 return
-        if paused:
-            await self.send(
-                pb.BridgeMessage(
-                    flow_control=pb.FlowControl(
-                        action=pb.FlowControl.RESUME, stream_id=frame.stream_id
-                    )
-                )
-            )
 
     async def _refuse(
         self, exc: ProtocolError, *, fatal: bool, frame: pb.Frame | None = None

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from bridge import wire
 from bridge.core import BridgeCore, WorkItem
 from bridge.decimate import Decimator
+from bridge.governor import Charge, Component, Governor
 from bridge.v1 import bridge_pb2 as pb
 from bridge.workers import WorkerPool
 
@@ -26,6 +27,13 @@ Clock = Callable[[], int]
 
 # ProcessedFrame.point_cloud's key, from the descriptor: a passthrough cloud is spliced in as is.
 _POINT_CLOUD_KEY = wire.field_key(pb.ProcessedFrame.DESCRIPTOR, "point_cloud")
+SCRATCH_BYTES_PER_POINT = 16  # the kernel's packed key + index per input point (native/README)
+
+
+def decimation_bytes(item: WorkItem) -> int:
+    """What decimating ``item`` may hold besides its ring entry: output (at most the input's
+    size) plus the kernel's scratch. Charged (forced) while a worker has it."""
+    return item.entry.size + SCRATCH_BYTES_PER_POINT * item.points
 
 
 def needs_worker(item: WorkItem, decimator: Decimator | None) -> bool:
@@ -102,7 +110,10 @@ class Processor:
         *,
         depth: int = 2,
         on_done: Callable[[WorkItem, float, str | None], None] | None = None,
+        governor: Governor | None = None,
     ) -> None:
+        self.governor = governor
+        self._charges: dict[int, Charge] = {}  # id(item) -> its decimation charge
         self.core = core
         self.pool = pool
         self.decimator = decimator
@@ -150,6 +161,10 @@ class Processor:
                     self._on_done(item, 0.0, error)
                 continue
             self._in_flight += 1
+            if self.governor is not None:
+                self._charges[id(item)] = self.governor.force(
+                    Component.DECIMATION, decimation_bytes(item)
+                )
             self.pool.submit(self._task(item, self.decimator))
 
     def _task(self, item: WorkItem, decimator: Decimator | None) -> Callable[[], None]:
@@ -171,6 +186,9 @@ class Processor:
         self, item: WorkItem, result: tuple[bytes | tuple[bytes, ...], float, str | None]
     ) -> None:
         self._in_flight -= 1
+        charge = self._charges.pop(id(item), None)
+        if charge is not None:
+            charge.release()
         data, spent, error = result
         if not data:  # internal failure: deliver the raw frame so seq accounting stays whole
             data, spent, _ = process_frame(item, None)

@@ -43,7 +43,6 @@ class Settings:
     subscriber_queue_frames: int = 256
     # Rings
     ring_budget_bytes: int = 512 * MiB  # with adapt: only when memory is unlimited
-    ring_floor_bytes: int = 0  # 0 = max_frame_bytes (a ring can always hold one frame)
     overflow_policy: str = "backpressure"  # backpressure | drop_oldest
     # Processing
     workers: int = 0  # 0 = from the CPU quota / affinity
@@ -120,7 +119,7 @@ _CHOICES = {
     "metrics_auth": ("token", "open"),
 }
 _PORTS = ("ws_port", "grpc_port", "http_port")
-_NON_NEGATIVE = ("workers", "ring_floor_bytes", "voxel_size", "reconnect_after_ms")
+_NON_NEGATIVE = ("workers", "voxel_size", "reconnect_after_ms")
 
 
 def env_name(field: str) -> str:
