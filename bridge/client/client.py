@@ -108,6 +108,7 @@ class EdgeClient:
             resend_buffer_frames=resend_buffer_frames,
             stats=self.stats,
             on_delivered=on_delivered,
+            protect_backpressure=wait_for_room,
         )
         self.token = token or ""
         self.tls = tls
