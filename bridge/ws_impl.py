@@ -1,6 +1,6 @@
 """WebSocket ingest adapter (``websockets`` asyncio server) at ``/v1/ingest``.
 
-Library defaults that bite a point-cloud relay are set deliberately (DESIGN §8): permessage-
+Library defaults that bite a point-cloud relay are set deliberately (docs/design.md §2): permessage-
 deflate off and ``max_size`` from settings. Fatal protocol errors close with the code from
 ``bridge.errors.WIRE``; a draining bridge closes with 1001.
 """

@@ -53,7 +53,7 @@ class ResizeStep:
     cpu: float | None = None
     memory: int | None = None
     #: ``memory: usage``: a limit just below what the bridge uses at that moment, the case the
-    #: kubelet holds (FACTS §1.7) and the bridge's cooperative downscale has to resolve
+    #: kubelet holds (docs/kubernetes.md) and the bridge's cooperative downscale has to resolve
     memory_below_usage: bool = False
 
     def describe(self) -> str:

@@ -20,10 +20,19 @@ from loadgen.scenario import ResizeStep, Scenario
 
 
 def prepare_clouds(s: Scenario) -> tuple[list[PreparedPayload], str]:
-    """The clouds the edges replay, and a sentence saying what they are. Files need Open3D;
-    without it the run uses synthetic clouds and says so (visible, not fatal)."""
+    """The clouds the edges replay, and a sentence saying what they are.
+
+    A file the scenario names that does not exist is an error (FileNotFoundError), never a quiet
+    switch to synthetic clouds. Reading files needs Open3D; without it the run uses synthetic
+    clouds and says so in the report (visible, not fatal)."""
     if s.clouds:
         files = s.cloud_files()
+        missing = [f for f in files if not Path(f).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"scenario {s.name}: no cloud file at {', '.join(map(repr, missing))} "
+                f"(paths and globs are relative to the current directory, {Path.cwd()})"
+            )
         try:
             loaded = [load_cloud(f) for f in files]
             pts = sum(c.num_points for c in loaded) // max(1, len(loaded))
@@ -34,7 +43,7 @@ def prepare_clouds(s: Scenario) -> tuple[list[PreparedPayload], str]:
         except Open3DUnavailable as exc:
             note = f"SKIPPED cloud files (Open3D unavailable: {exc}); synthetic instead: "
         except (OSError, ValueError) as exc:
-            note = f"SKIPPED cloud files ({exc}); synthetic instead: "
+            raise RuntimeError(f"scenario {s.name}: cannot read a cloud file: {exc}") from exc
     else:
         note = ""
     payloads = [

@@ -12,7 +12,7 @@
 #   IMAGE=simbridge:dev         image to build and load; IMAGE_TARGET=cpu|gpu (Dockerfile target)
 #   SKIP_BUILD=1                reuse an IMAGE that is already built
 #   WITH_DRA=1                  install the DRA example driver (simulated GPUs) and give the bridge one
-#   DRA_MODE=extendedResource   or claimTemplate (to observe whether resize is rejected, FACTS §0.1)
+#   DRA_MODE=extendedResource   or claimTemplate (to observe whether resize is rejected, docs/kubernetes.md)
 #   DRA_EXAMPLE_DRIVER_REF=main git ref of kubernetes-sigs/dra-example-driver to install from
 #   POD_LEVEL=1                 use pod-level resources and resize spec.resources (1.36+; refused for
 #                               a cluster config without the InPlacePodLevelResourcesVerticalScaling gate)

@@ -1,10 +1,10 @@
 """kubesim: a local stand-in for the Kubernetes API server and the kubelet's in-place resize.
 
-Why: the bridge's adaptation to in-place resize (DESIGN §4) has to be tested end to end on a machine
-without a cluster. kubesim serves real HTTP/1.1 on 127.0.0.1 (port 0 by default), speaks the JSON
-shapes of the real objects (tests/fixtures/k8s), and writes the cgroup files the bridge reads into a
-directory laid out like ``BRIDGE_CGROUP_ROOT`` (v2: ``cpu.max`` etc. in it; v1: ``cpu/``,
-``memory/`` sub-directories).
+Why: the bridge's adaptation to in-place resize (docs/design.md §4) has to be tested end to end
+on a machine without a cluster. kubesim serves real HTTP/1.1 on 127.0.0.1 (port 0 by default),
+speaks the JSON shapes of the real objects (tests/fixtures/k8s), and writes the cgroup files the
+bridge reads into a directory laid out like ``BRIDGE_CGROUP_ROOT`` (v2: ``cpu.max`` etc. in it;
+v1: ``cpu/``, ``memory/`` sub-directories).
 
 What it models
   * One Pod (any number of containers), its ResourceClaims and the ResourceSlices, read-only except
@@ -15,7 +15,7 @@ What it models
     change (``spec: Forbidden: only cpu and memory resources are mutable``), limits/requests cannot
     be removed, requests <= limits, and the QoS class may not change. Optionally
     (``claims_block_resize``) the ≤1.35 behaviour: a container with ``resources.claims`` cannot be
-    resized at all (FACTS §0.1).
+    resized at all (docs/kubernetes.md, claims vs resize).
   * Each accepted resize bumps ``metadata.generation``; watchers get ``MODIFIED`` events.
   * A kubelet loop (every ``sync_interval``): admits the resize against the node's allocatable
     (``PodResizePending`` ``Infeasible`` beyond allocatable, ``Deferred`` beyond what the other pods
@@ -24,7 +24,8 @@ What it models
     cpu — and updates ``status.containerStatuses[].resources``. A memory-limit decrease below the
     current usage (``memory.current`` / v1 ``memory.usage_in_bytes`` read from the cgroup directory)
     is held with ``PodResizeInProgress`` reason ``Error`` and retried each sync until usage drops;
-    cpu decreases are still applied meanwhile, cpu increases are not (FACTS §2.3).
+    cpu decreases are still applied meanwhile, cpu increases are not (docs/kubernetes.md, cgroup
+    values).
   * ``status.observedGeneration`` follows ``metadata.generation`` on each sync.
   * Events: ``POST``/``GET /api/v1/namespaces/{ns}/events``.
   * Discovery (``/version``, ``/api``, ``/apis``, ``/api/v1``, ``/apis/resource.k8s.io/v1``) so that

@@ -14,7 +14,7 @@ import os
 
 from loadgen.kubesim.model import Want
 
-# cgroup values (kubelet + runtime formulas, FACTS §2.1/§2.4)
+# cgroup values (kubelet + runtime formulas, docs/kubernetes.md, cgroup values)
 
 
 def milli_to_shares(milli: int) -> int:
