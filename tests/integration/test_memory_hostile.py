@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
-from bridge.app import memory_headroom_bytes
+from bridge.resources.from_settings import memory_headroom_bytes
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.edge import EdgeClient, PreparedPayload, StreamConfig
 from loadgen.sink import SinkServer
