@@ -61,6 +61,8 @@ HELP: dict[str, str] = {
     "cuda_lib": "the CUDA decimation library to load; empty = _sbv_cuda.so next to the package",
     "viewer_token": "bearer token Visualization.Subscribe needs (gRPC authorization metadata); "
     "empty = auth_token",
+    "device_tokens_file": "file of 'DEVICE_ID sha256:HEX' lines: each device proves its id with "
+    "its own token (re-read when it changes); auth_token, if set, is still accepted",
     "metrics_auth": "with auth_token set: /metrics needs the token (token) or is open for "
     "Prometheus (open); /debug/* always needs it",
     "hello_timeout_seconds": "a connection must send Hello within this (also the gRPC "

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -367,3 +368,44 @@ async def test_churning_device_ids_keep_every_structure_bounded() -> None:
         assert len(service.core.sessions) <= 8
         assert len(service.core.streams) <= 8
         assert service.edges.tracked_streams <= 8
+
+
+# -- 1b. per-device credentials -----------------------------------------------------------------
+
+
+async def test_per_device_tokens_bind_device_ids_and_let_a_device_take_over_its_session(
+    tmp_path: Path,
+) -> None:
+    from bridge.credentials import token_digest
+
+    tokens = tmp_path / "devices"
+    tokens.write_text(f"robot-1 {token_digest('r1-secret')}\nrobot-2 {token_digest('r2')}\n")
+    async with bridge(f"--device-tokens-file={tokens}") as b:
+
+        async def say_hello(device: str, token: str) -> pb.BridgeMessage:
+            async with connect(b.ws_url, compression=None) as ws:
+                await ws.send(hello(device, "lidar", auth_token=token).SerializeToString())
+                return pb.BridgeMessage.FromString(await asyncio.wait_for(ws.recv(), 5))
+
+        # robot-2's token does not speak for robot-1, nor does no token
+        assert (await say_hello("robot-1", "r2")).error.code == pb.UNAUTHENTICATED
+        assert (await say_hello("robot-1", "")).error.code == pb.UNAUTHENTICATED
+        device = EdgeClient(
+            "ws",
+            b.ws_url,
+            "robot-1",
+            [StreamConfig("lidar", passthrough=True)],
+            auth_token="r1-secret",
+        )
+        await device.start()
+        try:
+            # The device itself (its own token, no resume token: a restart that lost it) may
+            # take over its live session; the old connection is closed as superseded.
+            async with connect(b.ws_url, compression=None) as ws:
+                again = hello("robot-1", "lidar", auth_token="r1-secret")
+                await ws.send(again.SerializeToString())
+                reply = pb.BridgeMessage.FromString(await asyncio.wait_for(ws.recv(), 5))
+                assert reply.WhichOneof("kind") == "welcome" and reply.welcome.resumed
+            assert await wait_until(lambda: device.stats.disconnects >= 1, timeout=10)
+        finally:
+            await device.close()
