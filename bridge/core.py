@@ -11,6 +11,7 @@ import enum
 import math
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -359,10 +360,14 @@ class BridgeCore:
         return None, 0
 
     # -- processing -------------------------------------------------------------------------
-    def take_work(self) -> WorkItem | None:
-        """Next frame to process, round robin over streams with pending frames."""
-        while self._work_queue:
+    def take_work(self, accept: Callable[[Stream], bool] | None = None) -> WorkItem | None:
+        """Next frame to process, round robin over streams with pending frames (only streams
+        ``accept`` admits, when given: e.g. the cheap ones while every worker is busy)."""
+        for _ in range(len(self._work_queue)):
             stream = self._work_queue.popleft()
+            if accept is not None and not accept(stream):
+                self._work_queue.append(stream)
+                continue
             entry = stream.ring.take_pending()
             if entry is None:
                 self._queued.discard(stream.key)

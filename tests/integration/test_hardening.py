@@ -409,3 +409,70 @@ async def test_per_device_tokens_bind_device_ids_and_let_a_device_take_over_its_
             assert await wait_until(lambda: device.stats.disconnects >= 1, timeout=10)
         finally:
             await device.close()
+
+
+# -- 4b. the worst legal frames cost their sender, not a well-behaved edge ---------------------
+
+
+async def test_worst_legal_frames_leave_a_good_edge_fast() -> None:
+    """An attacker sends the costliest frames the limits allow (100k-point clouds with the
+    smallest point budget and a tiny voxel: the most ladder passes; telemetry maps at the entry
+    limit) while a well-behaved edge publishes small frames. Before the ladder was bounded a
+    good edge's p50 reached seconds; the bound here is generous for a loaded CI machine."""
+    import numpy as np
+
+    from tests.integration.harness import xyz_cloud
+
+    async with bridge("--workers=1", "--max-telemetry-entries=4096") as b:
+        good = EdgeClient(
+            "grpc", f"127.0.0.1:{b.grpc}", "good", [StreamConfig("s", passthrough=True)]
+        )
+        await good.start()
+        stop = asyncio.Event()
+
+        async def attack() -> None:
+            rng = np.random.default_rng(1)
+            cloud = xyz_cloud(rng.uniform(-50, 50, (100_000, 3)))
+            specs = [
+                pb.StreamSpec(stream_id="c", kind=pb.POINT_CLOUD, voxel_size=1e-6, max_points=8),
+                pb.StreamSpec(stream_id="t", kind=pb.TELEMETRY),
+            ]
+            async with connect(b.ws_url, compression=None, max_size=None) as ws:
+                await ws.send(
+                    pb.EdgeMessage(
+                        hello=pb.Hello(device_id="evil", streams=specs)
+                    ).SerializeToString()
+                )
+                await ws.recv()
+                seq = 0
+                while not stop.is_set():
+                    seq += 1
+                    await ws.send(
+                        pb.EdgeMessage(
+                            frame=pb.Frame(stream_id="c", seq=seq, point_cloud=cloud)
+                        ).SerializeToString()
+                    )
+                    tele = pb.Frame(stream_id="t", seq=seq)
+                    tele.telemetry.values.update({f"k{i}": float(i) for i in range(4096)})
+                    await ws.send(pb.EdgeMessage(frame=tele).SerializeToString())
+                    with contextlib.suppress(TimeoutError):
+                        while True:  # read whatever came back (acks, PAUSE) without waiting
+                            await asyncio.wait_for(ws.recv(), 0.001)
+
+        attacker = asyncio.create_task(attack())
+        try:
+            await asyncio.sleep(1.0)  # the attack is under way
+            for _ in range(100):
+                await good.publish("s", synthetic(32).to_proto())
+                await asyncio.sleep(0.03)
+            assert await good.wait_delivered(30), str(good.stats.as_dict())
+        finally:
+            stop.set()
+            attacker.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
+                await attacker
+            await good.close()
+        latencies = sorted(good.stats.latency_ns)
+        assert len(latencies) >= 100
+        p99 = latencies[int(0.99 * (len(latencies) - 1))] / 1e9
+        assert p99 < 2.0, f"good edge p99 {p99:.2f} s under attack"
