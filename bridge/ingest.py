@@ -55,6 +55,7 @@ class IngestConfig:
     hello_timeout_seconds: float = 5.0
     max_pending_connections: int = 256
     device_tokens: DeviceTokenFile | None = None
+    bind_device_to_certificate: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings, limits: codec.Limits) -> IngestConfig:
@@ -66,6 +67,7 @@ class IngestConfig:
             reconnect_after_ms=settings.reconnect_after_ms,
             hello_timeout_seconds=settings.hello_timeout_seconds,
             max_pending_connections=settings.max_pending_connections,
+            bind_device_to_certificate=settings.bind_device_to_certificate,
             device_tokens=(
                 DeviceTokenFile(settings.device_tokens_file)
                 if settings.device_tokens_file
@@ -104,10 +106,21 @@ class EdgeRegistry:
     def draining(self) -> bool:
         return self._draining
 
-    async def serve(self, transport: EdgeTransport, header_token: str = "") -> None:
+    async def serve(
+        self,
+        transport: EdgeTransport,
+        header_token: str = "",
+        peer_names: frozenset[str] = frozenset(),
+    ) -> None:
         """Run one edge connection until it ends."""
         conn = EdgeConnection(
-            self, self._core, self._config, self._metrics, transport, header_token=header_token
+            self,
+            self._core,
+            self._config,
+            self._metrics,
+            transport,
+            header_token=header_token,
+            peer_names=peer_names,
         )
         await conn.run()
 
@@ -179,6 +192,7 @@ class EdgeConnection:
         transport: EdgeTransport,
         *,
         header_token: str = "",
+        peer_names: frozenset[str] = frozenset(),
     ) -> None:
         self._edges = edges
         self._core = core
@@ -186,6 +200,7 @@ class EdgeConnection:
         self._metrics = metrics
         self.transport = transport
         self.header_token = header_token
+        self.peer_names = peer_names  # the client certificate's CN and SANs (mTLS)
         self.session: Session | None = None
         self._acks_due = asyncio.Event()
         self._acks_urgent = asyncio.Event()
@@ -293,15 +308,23 @@ class EdgeConnection:
     def _authenticate(self, hello: pb.Hello) -> bool:
         """Check the Hello's credentials; True when they prove the device id itself (a
         per-device token), which lets it take over its own live session."""
+        if self._config.bind_device_to_certificate:
+            if hello.device_id not in self.peer_names:
+                raise Unauthenticated(
+                    f"device id {hello.device_id!r} is not a name in the client certificate"
+                )
+            proven = True
+        else:
+            proven = False
         offered = hello.auth_token or self.header_token
         device_tokens = self._config.device_tokens
         if device_tokens is not None and device_tokens.current().verify(hello.device_id, offered):
             return True
         expected = self._config.auth_token
         if not expected and device_tokens is None:
-            return False
+            return proven
         if expected and hmac.compare_digest(offered.encode(), expected.encode()):
-            return False
+            return proven
         raise Unauthenticated("missing or wrong bearer token for this device")
 
     async def _read_loop(self) -> None:

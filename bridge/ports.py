@@ -58,7 +58,12 @@ class Edges(Protocol):
 
     @property
     def draining(self) -> bool: ...
-    async def serve(self, transport: EdgeTransport, header_token: str = "") -> None: ...
+    async def serve(
+        self,
+        transport: EdgeTransport,
+        header_token: str = "",
+        peer_names: frozenset[str] = frozenset(),
+    ) -> None: ...
 
 
 class EdgeEvents(Protocol):

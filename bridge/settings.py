@@ -90,6 +90,7 @@ class Settings:
     sink_key_file: str = ""
     # Hardening: who may read, how long a connection may stay anonymous, what a message may cost
     viewer_token: str = ""  # bearer token for Subscribe; empty = auth_token
+    bind_device_to_certificate: bool = False  # mTLS: device id must be a name in the cert
     device_tokens_file: str = ""  # per-device tokens (bridge/credentials.py); reloaded on change
     metrics_auth: str = "token"  # with auth on, /metrics needs the token (token) or not (open)
     hello_timeout_seconds: float = 5.0  # a connection must say Hello within this
@@ -291,6 +292,8 @@ def _tls_problems(s: Settings) -> list[str]:
     for a, b in (("tls_cert_file", "tls_key_file"), ("sink_cert_file", "sink_key_file")):
         if bool(getattr(s, a)) != bool(getattr(s, b)):
             problems.append(f"{a} and {b}: set both or neither")
+    if s.bind_device_to_certificate and not s.tls_client_ca_file:
+        problems.append("bind_device_to_certificate: needs tls_client_ca_file (mTLS)")
     if s.tls_client_ca_file and not s.tls_cert_file:
         problems.append("tls_client_ca_file: needs tls_cert_file/tls_key_file (a TLS server)")
     if s.sink_cert_file and not s.sink_ca_file:

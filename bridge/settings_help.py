@@ -61,6 +61,9 @@ HELP: dict[str, str] = {
     "cuda_lib": "the CUDA decimation library to load; empty = _sbv_cuda.so next to the package",
     "viewer_token": "bearer token Visualization.Subscribe needs (gRPC authorization metadata); "
     "empty = auth_token",
+    "bind_device_to_certificate": "with mTLS: a Hello's device id must be the client "
+    "certificate's CN or one of its subject alternative names (and may then take over its "
+    "own live session)",
     "device_tokens_file": "file of 'DEVICE_ID sha256:HEX' lines: each device proves its id with "
     "its own token (re-read when it changes); auth_token, if set, is still accepted",
     "metrics_auth": "with auth_token set: /metrics needs the token (token) or is open for "
