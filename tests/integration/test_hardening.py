@@ -476,3 +476,22 @@ async def test_worst_legal_frames_leave_a_good_edge_fast() -> None:
         assert len(latencies) >= 100
         p99 = latencies[int(0.99 * (len(latencies) - 1))] / 1e9
         assert p99 < 2.0, f"good edge p99 {p99:.2f} s under attack"
+
+
+async def test_ring_capacity_gauge_follows_streams_added_after_a_plan() -> None:
+    from tests.integration.harness import metric, running_bridge, ws_url
+
+    async with (
+        running_bridge(ring_budget_bytes=64 << 20) as service,
+        connect(ws_url(service), compression=None) as first,
+    ):
+        await first.send(hello("a", "lidar").SerializeToString())
+        await first.recv()
+        one = metric(service, "bridge_ring_capacity_bytes")
+        async with connect(ws_url(service), compression=None) as second:
+            await second.send(hello("b", "lidar", "depth").SerializeToString())
+            await second.recv()
+            assert metric(service, "bridge_ring_capacity_bytes") == (
+                service.core.ring_capacity_per_stream
+            )
+            assert metric(service, "bridge_ring_capacity_bytes") < one
