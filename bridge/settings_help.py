@@ -21,7 +21,6 @@ HELP: dict[str, str] = {
     "subscriber_queue_frames": "frames queued per viewer before it gets slow_subscriber gaps",
     "ring_budget_bytes": "bytes all stream rings share; with adapt, used only when memory is "
     "unlimited (otherwise planned from the memory limit)",
-    "ring_floor_bytes": "smallest ring per stream, in bytes (0 = max_frame_bytes)",
     "overflow_policy": "default per-stream policy when a ring is full: backpressure pauses the "
     "edge and never drops; drop_oldest evicts, counts and announces a gap",
     "workers": "decimation worker threads (0 = from the CPU quota, re-planned live)",
