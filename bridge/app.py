@@ -152,7 +152,8 @@ class BridgeService:
             baseline_rss=self._baseline_rss,
         )
         self.metrics.workers.set(self.pool.size)
-        self.metrics.ring_capacity.set(self.core.ring_capacity_per_stream)
+        # Read at scrape time: the per-stream share changes with every stream added or gone.
+        self.metrics.ring_capacity.set_function(lambda: self.core.ring_capacity_per_stream)
         self._grpc_server, self._health = build_server(
             settings, self.edges, self.subscribers, self.metrics, self.governor
         )

@@ -11,6 +11,7 @@ import enum
 import math
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -124,8 +125,13 @@ class BridgeCore:
     def attached_sessions(self) -> int:
         return sum(1 for s in self.sessions.values() if s.attached)
 
-    def hello(self, hello: pb.Hello, connection: object) -> Attached:
-        """Attach a connection to a new or resumed session (see :class:`Attached`)."""
+    def hello(
+        self, hello: pb.Hello, connection: object, *, identity_proven: bool = False
+    ) -> Attached:
+        """Attach a connection to a new or resumed session (see :class:`Attached`).
+
+        A live session is taken over only with its resume token, or when the transport proved
+        the device's identity (``identity_proven``: a per-device credential)."""
         if not hello.device_id:
             raise ProtocolViolation("Hello without a device_id")
         session = self.sessions.get(hello.resume_token) if hello.resume_token else None
@@ -133,7 +139,7 @@ class BridgeCore:
             raise ProtocolViolation("resume token belongs to another device")
         if session is None:
             session = self.by_device.get(hello.device_id)
-            if session is not None and session.attached:
+            if session is not None and session.attached and not identity_proven:
                 # Only the holder of the session's resume token may take over a live session
                 # (a device id alone is no credential: subscribers see every device id).
                 raise SessionTaken(
@@ -355,10 +361,14 @@ class BridgeCore:
         return None, 0
 
     # -- processing -------------------------------------------------------------------------
-    def take_work(self) -> WorkItem | None:
-        """Next frame to process, round robin over streams with pending frames."""
-        while self._work_queue:
+    def take_work(self, accept: Callable[[Stream], bool] | None = None) -> WorkItem | None:
+        """Next frame to process, round robin over streams with pending frames (only streams
+        ``accept`` admits, when given: e.g. the cheap ones while every worker is busy)."""
+        for _ in range(len(self._work_queue)):
             stream = self._work_queue.popleft()
+            if accept is not None and not accept(stream):
+                self._work_queue.append(stream)
+                continue
             entry = stream.ring.take_pending()
             if entry is None:
                 self._queued.discard(stream.key)

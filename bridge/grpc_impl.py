@@ -129,6 +129,13 @@ class GrpcTransport:
         self.context.set_details(reason)
 
 
+def _certificate_names(context: grpc.aio.ServicerContext[Any, Any]) -> frozenset[str]:
+    """CN and subject alternative names of a verified client certificate (mTLS), else empty."""
+    auth = context.auth_context() or {}
+    names = [*auth.get("x509_common_name", ()), *auth.get("x509_subject_alternative_name", ())]
+    return frozenset(n.decode() if isinstance(n, bytes) else str(n) for n in names)
+
+
 def _bearer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     for key, value in context.invocation_metadata() or ():
         if (
@@ -173,7 +180,9 @@ def build_server(
     async def connect(
         _request_iterator: object, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
-        await edges.serve(GrpcTransport(context, governor), _bearer(context))
+        await edges.serve(
+            GrpcTransport(context, governor), _bearer(context), _certificate_names(context)
+        )
 
     async def subscribe(
         request_bytes: bytes, context: grpc.aio.ServicerContext[Any, Any]

@@ -23,6 +23,7 @@ from typing import Any
 
 from bridge import codec
 from bridge.core import Offer
+from bridge.credentials import DeviceTokenFile
 from bridge.errors import (
     FrameTooLarge,
     HelloTimeout,
@@ -53,6 +54,8 @@ class IngestConfig:
     reconnect_after_ms: int = 1000
     hello_timeout_seconds: float = 5.0
     max_pending_connections: int = 256
+    device_tokens: DeviceTokenFile | None = None
+    bind_device_to_certificate: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings, limits: codec.Limits) -> IngestConfig:
@@ -64,6 +67,12 @@ class IngestConfig:
             reconnect_after_ms=settings.reconnect_after_ms,
             hello_timeout_seconds=settings.hello_timeout_seconds,
             max_pending_connections=settings.max_pending_connections,
+            bind_device_to_certificate=settings.bind_device_to_certificate,
+            device_tokens=(
+                DeviceTokenFile(settings.device_tokens_file)
+                if settings.device_tokens_file
+                else None
+            ),
         )
 
 
@@ -97,10 +106,21 @@ class EdgeRegistry:
     def draining(self) -> bool:
         return self._draining
 
-    async def serve(self, transport: EdgeTransport, header_token: str = "") -> None:
+    async def serve(
+        self,
+        transport: EdgeTransport,
+        header_token: str = "",
+        peer_names: frozenset[str] = frozenset(),
+    ) -> None:
         """Run one edge connection until it ends."""
         conn = EdgeConnection(
-            self, self._core, self._config, self._metrics, transport, header_token=header_token
+            self,
+            self._core,
+            self._config,
+            self._metrics,
+            transport,
+            header_token=header_token,
+            peer_names=peer_names,
         )
         await conn.run()
 
@@ -172,6 +192,7 @@ class EdgeConnection:
         transport: EdgeTransport,
         *,
         header_token: str = "",
+        peer_names: frozenset[str] = frozenset(),
     ) -> None:
         self._edges = edges
         self._core = core
@@ -179,6 +200,7 @@ class EdgeConnection:
         self._metrics = metrics
         self.transport = transport
         self.header_token = header_token
+        self.peer_names = peer_names  # the client certificate's CN and SANs (mTLS)
         self.session: Session | None = None
         self._acks_due = asyncio.Event()
         self._acks_urgent = asyncio.Event()
@@ -215,11 +237,11 @@ class EdgeConnection:
                 msg = codec.decode_edge(raw, self._config.limits)
                 if msg.WhichOneof("kind") != "hello":
                     raise ProtocolViolation("the first message must be Hello")
-                self._authenticate(msg.hello)
+                proven = self._authenticate(msg.hello)
                 if edges.draining:
                     await self.send(self._drain_message())
                     return
-                attached = core.hello(msg.hello, self)
+                attached = core.hello(msg.hello, self, identity_proven=proven)
                 self.session, welcome = attached.session, attached.welcome
                 edges.supersede(attached.superseded)
             except ProtocolError as exc:
@@ -283,13 +305,27 @@ class EdgeConnection:
             edges.pending -= 1
             self._metrics.pending_connections.set(edges.pending)
 
-    def _authenticate(self, hello: pb.Hello) -> None:
-        expected = self._config.auth_token
-        if not expected:
-            return
+    def _authenticate(self, hello: pb.Hello) -> bool:
+        """Check the Hello's credentials; True when they prove the device id itself (a
+        per-device token), which lets it take over its own live session."""
+        if self._config.bind_device_to_certificate:
+            if hello.device_id not in self.peer_names:
+                raise Unauthenticated(
+                    f"device id {hello.device_id!r} is not a name in the client certificate"
+                )
+            proven = True
+        else:
+            proven = False
         offered = hello.auth_token or self.header_token
-        if not hmac.compare_digest(offered.encode(), expected.encode()):
-            raise Unauthenticated("missing or wrong bearer token")
+        device_tokens = self._config.device_tokens
+        if device_tokens is not None and device_tokens.current().verify(hello.device_id, offered):
+            return True
+        expected = self._config.auth_token
+        if not expected and device_tokens is None:
+            return proven
+        if expected and hmac.compare_digest(offered.encode(), expected.encode()):
+            return proven
+        raise Unauthenticated("missing or wrong bearer token for this device")
 
     async def _read_loop(self) -> None:
         metrics = self._metrics

@@ -30,7 +30,9 @@ class IngestCore(Protocol):
 
     @property
     def attached_sessions(self) -> int: ...
-    def hello(self, hello: pb.Hello, connection: object) -> Attached: ...
+    def hello(
+        self, hello: pb.Hello, connection: object, *, identity_proven: bool = False
+    ) -> Attached: ...
     def offer(
         self, session: Session, frame: pb.Frame, size: int, now_ns: int, charge: Charge | None
     ) -> Offer: ...
@@ -56,7 +58,12 @@ class Edges(Protocol):
 
     @property
     def draining(self) -> bool: ...
-    async def serve(self, transport: EdgeTransport, header_token: str = "") -> None: ...
+    async def serve(
+        self,
+        transport: EdgeTransport,
+        header_token: str = "",
+        peer_names: frozenset[str] = frozenset(),
+    ) -> None: ...
 
 
 class EdgeEvents(Protocol):

@@ -17,6 +17,7 @@ from bridge import wire
 from bridge.core import BridgeCore, WorkItem
 from bridge.decimate import Decimator
 from bridge.governor import Charge, Component, Governor
+from bridge.session import KIND_POINT_CLOUD, Stream
 from bridge.v1 import bridge_pb2 as pb
 from bridge.workers import WorkerPool
 
@@ -154,11 +155,7 @@ class Processor:
             if item is None:
                 break
             if not needs_worker(item, self.decimator):
-                # Cheap: no thread hop (queue, wake-up, GIL hand-off, call_soon_threadsafe).
-                result, _, error = process_frame(item, None)
-                self.core.complete(item, result)
-                if self._on_done is not None:
-                    self._on_done(item, 0.0, error)
+                self._process_inline(item)
                 continue
             self._in_flight += 1
             if self.governor is not None:
@@ -166,6 +163,25 @@ class Processor:
                     Component.DECIMATION, decimation_bytes(item)
                 )
             self.pool.submit(self._task(item, self.decimator))
+
+        # Every worker busy: cheap streams (telemetry, passthrough) still go on, so a stream of
+        # costly clouds never delays another device's small frames.
+        while (item := self.core.take_work(self._cheap_stream)) is not None:
+            self._process_inline(item)
+
+    def _cheap_stream(self, stream: Stream) -> bool:
+        return (
+            self.decimator is None
+            or stream.config.passthrough
+            or stream.config.kind != KIND_POINT_CLOUD
+        )
+
+    def _process_inline(self, item: WorkItem) -> None:
+        """Cheap: no thread hop (queue, wake-up, GIL hand-off, call_soon_threadsafe)."""
+        result, _, error = process_frame(item, None)
+        self.core.complete(item, result)
+        if self._on_done is not None:
+            self._on_done(item, 0.0, error)
 
     def _task(self, item: WorkItem, decimator: Decimator | None) -> Callable[[], None]:
         loop = self._loop or asyncio.get_running_loop()

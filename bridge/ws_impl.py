@@ -31,7 +31,7 @@ from bridge.governor import Charge, Component, Governor, Waiter
 from bridge.metrics import BridgeMetrics
 from bridge.ports import Edges, Received
 from bridge.settings import Settings
-from bridge.tls import server_ssl_context
+from bridge.tls import certificate_names, server_ssl_context
 from bridge.wsmeter import FrameMeter
 
 log = logging.getLogger("bridge.ws")
@@ -233,7 +233,7 @@ async def start_ws_server(
         transport = WsTransport(ws)
         token = _bearer(ws.request.headers) if ws.request is not None else ""
         try:
-            await edges.serve(transport, token)
+            await edges.serve(transport, token, certificate_names(ws.transport))
         except MalformedMessage as exc:  # a text frame: refuse like any malformed message
             metrics.rejected.labels("ws", exc.reason).inc()
             await transport.reject(exc)
