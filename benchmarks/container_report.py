@@ -228,6 +228,13 @@ def plot(rig: ContainerRig, path: Path, title: str) -> None:
     ]
     if charged:
         ax_m.plot(*zip(*charged, strict=True), label="charged (governor)", color="tab:olive")
+    ring = [
+        (x.t, x.metrics["bridge_ring_occupancy_bytes"] / MiB)
+        for x in s
+        if "bridge_ring_occupancy_bytes" in x.metrics
+    ]
+    if ring:
+        ax_m.plot(*zip(*ring, strict=True), label="ring occupancy", color="tab:orange", lw=0.8)
     ax_m.set_ylabel("MiB")
     ax_m.set_ylim(bottom=0)
     ax_m.legend(loc="upper left", fontsize=8, ncol=3)

@@ -67,7 +67,7 @@ WANTED = {
     "bridge_memory_charged_bytes",
     "process_resident_memory_bytes",
     "bridge_frames_delivered_total",
-    "bridge_ring_bytes",
+    "bridge_ring_occupancy_bytes",
 }
 
 
