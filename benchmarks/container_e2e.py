@@ -86,7 +86,8 @@ async def run_scenario(
         else:
 
             async def direct(r: ContainerRig) -> Resizer:
-                return PodmanResizer(r.podman, r.name)
+                assert r.cgroup is not None
+                return PodmanResizer(r.podman, r.name, r.cgroup)
 
             await rig.run(steps or STEPS, direct)
     except BaseException:

@@ -173,6 +173,15 @@ def render(rig: ContainerRig, title: str) -> str:
     width = max(len(c.name) for c in res)
     lines = [title, "", step_table(rig), ""]
     lines += [f"{'PASS' if c.ok else 'FAIL'}  {c.name.ljust(width)}  {c.detail}" for c in res]
+    notes = [f"step {r.index}: {n}" for r in rig.steps for n in r.notes]
+    lines += [f"note: {n}" for n in notes]
+    pub = rig.publish_report
+    lines.append(
+        f"load: {' + '.join(rig.cfg.load.transports)} publishers, "
+        f"{rig.cfg.load.edges} edge(s) x {rig.cfg.load.streams_per_edge} streams each at "
+        f"{rig.cfg.load.rate_hz:g} Hz, {rig.cfg.load.points} points/cloud; "
+        f"PAUSEs honoured {pub.get('pauses', 0)}"
+    )
     if rig.scrape_errors:
         lines.append(
             f"note: {rig.scrape_errors} /metrics scrapes failed (samples kept cgroup data)"
@@ -192,7 +201,7 @@ def summary(rig: ContainerRig) -> dict[str, Any]:
             for s in rig.samples
         ],
         "sink": rig.sink_report.get("totals", {}),
-        "publisher": {k: v for k, v in rig.publish_report.items() if k != "latency"},
+        "publisher": rig.publish_report,
     }
 
 

@@ -171,19 +171,34 @@ class Resizer(Protocol):
 
 
 class PodmanResizer:
-    """``podman update --cpus --memory`` on the running container (runc update)."""
+    """``podman update --cpus --memory`` on the running container (runc update), with the
+    kubelet's guard: a memory decrease waits (up to ``hold_s``) while the container's usage is at
+    or above the new limit, and is not applied if usage never falls below it."""
 
     name = "podman update"
 
-    def __init__(self, podman: Podman, container: str) -> None:
-        self.podman, self.container = podman, container
+    def __init__(self, podman: Podman, container: str, cgroup: ContainerCgroup, hold_s: float = 20):
+        self.podman, self.container, self.cgroup, self.hold_s = podman, container, cgroup, hold_s
 
     async def resize(self, cpu: float, memory: int) -> list[str]:
+        notes = []
+        limit = self.cgroup.memory_limit()
+        if limit is None or memory < limit:
+            t0 = time.monotonic()
+            while self.cgroup.memory_usage() >= memory:
+                if time.monotonic() - t0 > self.hold_s:
+                    raise RuntimeError(
+                        f"memory decrease held {self.hold_s:.0f} s: usage "
+                        f"{self.cgroup.memory_usage() >> 20} MiB ≥ new limit {memory >> 20} MiB"
+                    )
+                await asyncio.sleep(0.05)
+            if time.monotonic() - t0 > 0.05:
+                notes.append(f"held {time.monotonic() - t0:.1f} s until usage < new limit")
         await self.podman.update(
             self.container,
             ["--cpus", f"{cpu:g}", "--memory", f"{memory}b", "--memory-swap", f"{memory}b"],
         )
-        return []
+        return notes
 
 
 # ----------------------------------------------------------------------------- the rig
@@ -191,11 +206,13 @@ class PodmanResizer:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    edges: int = 2
+    """Per transport: one publisher process (edges x streams at rate_hz, clouds of ``points``)."""
+
+    transports: tuple[str, ...] = ("ws", "grpc")
+    edges: int = 1
     streams_per_edge: int = 2
     rate_hz: float = 10.0
-    points: int = 20_000
-    transport: str = "ws"
+    points: int = 40_000
 
 
 @dataclass(slots=True)
@@ -325,11 +342,13 @@ class ContainerRig:
         except PodmanError as e:
             return str(e)
 
-    async def start_publisher(self, duration_s: float) -> asyncio.subprocess.Process:
+    async def start_publisher(
+        self, transport: str, duration_s: float
+    ) -> asyncio.subprocess.Process:
         ld = self.cfg.load
         target = (
             ["--ws", f"ws://127.0.0.1:{self.ports['ws']}/v1/ingest"]
-            if ld.transport == "ws"
+            if transport == "ws"
             else ["--grpc", f"127.0.0.1:{self.ports['grpc']}"]
         )
         return await self._spawn(
@@ -349,7 +368,7 @@ class ContainerRig:
                 "--drain-timeout",
                 "60",
                 "--device-prefix",
-                self.name,
+                f"{self.name}-{transport}",
                 "--json",
             )
         )
@@ -363,6 +382,16 @@ class ContainerRig:
             raise RuntimeError(f"{what} exited {proc.returncode}: {text[-2000:]}{err.decode()}")
         rep: dict[str, Any] = json.loads(text[start:])
         return rep
+
+    async def _publish(self, duration_s: float) -> dict[str, Any]:
+        """One publisher per transport; their summaries added up (``by_transport`` keeps each)."""
+        procs = [(t, await self.start_publisher(t, duration_s)) for t in self.cfg.load.transports]
+        reps = [(t, await self._json_output(p, f"publisher ({t})")) for t, p in procs]
+        total: dict[str, Any] = {"by_transport": dict(reps)}
+        for key in ("published", "undelivered", "disconnects", "reconnects", "connect_failures"):
+            total[key] = sum(int(r.get(key, 0)) for _, r in reps)
+        total["pauses"] = sum(int(r.get("pauses", 0)) for _, r in reps)
+        return total
 
     # ------------------------------------------------------------------ sampling
 
@@ -459,8 +488,7 @@ class ContainerRig:
         resizer = await resizer_factory(self)
         sampler = asyncio.ensure_future(self._sample_loop())
         duration = self.cfg.warmup_s + sum(s.hold_s for s in steps) + 4.0
-        publisher = await self.start_publisher(duration)
-        pub_result = asyncio.ensure_future(self._json_output(publisher, "publisher"))
+        pub_result = asyncio.ensure_future(self._publish(duration))
         try:
             await asyncio.sleep(self.cfg.warmup_s)
             for i, step in enumerate(steps, 1):
