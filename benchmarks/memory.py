@@ -18,7 +18,7 @@ from pathlib import Path
 
 from benchmarks import container_report as report
 from benchmarks.container_e2e import START_CPU, run_scenario
-from benchmarks.container_rig import MiB, ContainerRig, Load, Step
+from benchmarks.container_rig import ContainerRig, Load, MiB, Step
 
 TRACE = [
     Step("cpu cut: rings fill", 0.5, None, hold_s=8),
