@@ -68,7 +68,8 @@ COPY loadgen/ loadgen/
 FROM build-base AS builder-cpu
 RUN if [ -d /wheelhouse ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheelhouse; fi \
  && BRIDGE_BUILD_NATIVE=yes pip wheel --wheel-dir /wheels . \
- && ls -l /wheels
+ && ls -l /wheels \
+ && sha256sum /wheels/*.whl > /wheels/SHA256SUMS
 
 # ---------------------------------------------------------------------------------------------
 # builder-gpu: the CUDA toolkit (nvcc + cudart headers) on the same Python base; the wheel gets the
@@ -89,6 +90,7 @@ RUN nvcc --version \
  && if [ -n "${BRIDGE_CUDA_ARCH}" ]; then export BRIDGE_CUDA_ARCH; else unset BRIDGE_CUDA_ARCH; fi \
  && BRIDGE_BUILD_NATIVE=yes pip wheel --wheel-dir /wheels . \
  && ls -l /wheels \
+ && sha256sum /wheels/*.whl > /wheels/SHA256SUMS \
  && python3 -c "import sys, zipfile, glob; w = glob.glob('/wheels/simbridge-*.whl')[0]; names = zipfile.ZipFile(w).namelist(); sys.exit(0 if any(n.endswith('_sbv_cuda.so') for n in names) else 'CUDA library missing from ' + w)"
 
 # ---------------------------------------------------------------------------------------------
@@ -131,6 +133,9 @@ RUN apt-get update \
 ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     LD_LIBRARY_PATH=/usr/local/cuda/lib64
 # simbridge and its dependencies come from the builder's wheels (pinned by the build itself).
+# The checksums are copied (a few hundred bytes) so that a new wheel invalidates the layer cache of
+# the install below: buildah, unlike BuildKit, does not key a RUN on the content of a mounted stage.
+COPY --from=builder-gpu /wheels/SHA256SUMS /opt/simbridge/wheels.sha256
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=builder-gpu,source=/wheels,target=/wheels \
     pip install --no-index --find-links /wheels simbridge \
@@ -143,6 +148,9 @@ ENTRYPOINT ["simbridge", "serve"]
 # ---------------------------------------------------------------------------------------------
 # cpu (default target, last stage): C and NumPy decimation backends only.
 FROM runtime-base AS cpu
+# The checksums are copied (a few hundred bytes) so that a new wheel invalidates the layer cache of
+# the install below: buildah, unlike BuildKit, does not key a RUN on the content of a mounted stage.
+COPY --from=builder-cpu /wheels/SHA256SUMS /opt/simbridge/wheels.sha256
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=builder-cpu,source=/wheels,target=/wheels \
     pip install --no-index --find-links /wheels simbridge \

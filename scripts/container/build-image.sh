@@ -16,8 +16,15 @@ repo="$(cd "${here}/../.." && pwd)"
 wheelhouse="$("${here}/wheelhouse.sh" "${python}")"
 log "podman build --target cpu -> ${image}"
 start=${SECONDS}
+previous="$("${PODMAN[@]}" image inspect --format '{{.Id}}' "${image}" 2>/dev/null || true)"
 "${PODMAN[@]}" build --quiet --layers --network host "${ULIMITS[@]}" \
   --build-arg "BASE_IMAGE=${SIMBRIDGE_BASE_IMAGE}" \
   --volume "${wheelhouse}:/wheelhouse:ro" \
   --target cpu --tag "${image}" "${repo}" >&2
 log "image ${image} built in $((SECONDS - start)) s"
+# The image this tag pointed at before (ours) is dropped when it is no longer used; its layers that
+# the new one shares stay.
+current="$("${PODMAN[@]}" image inspect --format '{{.Id}}' "${image}")"
+if [[ -n "${previous}" && "${previous}" != "${current}" ]]; then
+  "${PODMAN[@]}" rmi "${previous}" >/dev/null 2>&1 || true
+fi
