@@ -69,12 +69,13 @@ async def run_scenario(
     steps: list[Step] | None = None,
     load: Load | None = None,
     name: str | None = None,
+    start: tuple[float, int] = (START_CPU, START_MEMORY),
 ) -> Outcome:
     """One rig run through ``path`` (``podman`` or ``kube``), its table, PNG and JSON."""
     from benchmarks import container_kube
 
     rig = ContainerRig(
-        RigConfig(image=image, cpu=START_CPU, memory=START_MEMORY, load=load or Load()),
+        RigConfig(image=image, cpu=start[0], memory=start[1], load=load or Load()),
         tag=path,
     )
     await remove_stale(rig.podman)
@@ -99,8 +100,8 @@ async def run_scenario(
         await rig.close()
     how = kube.resizer.name if kube is not None and kube.resizer else PodmanResizer.name
     title = (
-        f"{name or 'e2e-container'}: bridge in a podman container (--cpus {START_CPU:g} "
-        f"--memory {START_MEMORY // MiB}Mi), resized live via {how}"
+        f"{name or 'e2e-container'}: bridge in a podman container (--cpus {start[0]:g} "
+        f"--memory {start[1] // MiB}Mi),\nresized live via {how}"
     )
     text = report.render(rig, title)
     stem = name or f"e2e-container-{path}"

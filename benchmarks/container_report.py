@@ -55,9 +55,13 @@ def checks(rig: ContainerRig) -> list[Check]:
     out = [
         Check(
             "0 lost",
-            sink.get("lost", 1) == 0 and pub.get("undelivered", 1) == 0 and published == delivered,
+            sink.get("lost", 1) == 0
+            and pub.get("undelivered", 1) == 0
+            and pub.get("dropped_resend_overflow", 1) == 0
+            and published == delivered,
             f"published {published}, delivered to the sink {delivered}, sink lost "
-            f"{sink.get('lost')}, undelivered at the edges {pub.get('undelivered')}",
+            f"{sink.get('lost')}, undelivered at the edges {pub.get('undelivered')}, dropped by "
+            f"the edges' bounded resend buffers {pub.get('dropped_resend_overflow')}",
         ),
         Check(
             "0 duplicates",
@@ -171,7 +175,7 @@ def _rate(window: list[Sample]) -> float:
 def render(rig: ContainerRig, title: str) -> str:
     res = checks(rig)
     width = max(len(c.name) for c in res)
-    lines = [title, "", step_table(rig), ""]
+    lines = [title.replace("\n", " "), "", step_table(rig), ""]
     lines += [f"{'PASS' if c.ok else 'FAIL'}  {c.name.ljust(width)}  {c.detail}" for c in res]
     notes = [f"step {r.index}: {n}" for r in rig.steps for n in r.notes]
     lines += [f"note: {n}" for n in notes]
@@ -247,7 +251,7 @@ def plot(rig: ContainerRig, path: Path, title: str) -> None:
     ax_m.set_ylabel("MiB")
     ax_m.set_ylim(bottom=0)
     ax_m.legend(loc="upper left", fontsize=8, ncol=3)
-    ax_m.set_title(title)
+    ax_m.set_title(title, fontsize=10)
     ax_c.step(t, [x.cpu or 0 for x in s], where="post", color="tab:purple", label="CPU limit")
     ax_c.set_ylabel("cores")
     ax_c.set_ylim(bottom=0)

@@ -388,7 +388,14 @@ class ContainerRig:
         procs = [(t, await self.start_publisher(t, duration_s)) for t in self.cfg.load.transports]
         reps = [(t, await self._json_output(p, f"publisher ({t})")) for t, p in procs]
         total: dict[str, Any] = {"by_transport": dict(reps)}
-        for key in ("published", "undelivered", "disconnects", "reconnects", "connect_failures"):
+        for key in (
+            "published",
+            "undelivered",
+            "dropped_resend_overflow",
+            "disconnects",
+            "reconnects",
+            "connect_failures",
+        ):
             total[key] = sum(int(r.get(key, 0)) for _, r in reps)
         total["pauses"] = sum(int(r.get("pauses", 0)) for _, r in reps)
         return total

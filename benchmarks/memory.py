@@ -22,7 +22,7 @@ from benchmarks.container_rig import ContainerRig, Load, MiB, Step
 
 TRACE = [
     Step("cpu cut: rings fill", 0.5, None, hold_s=8),
-    Step("memory 768 → 512 Mi", None, 512 * MiB, hold_s=8),
+    Step("memory → 512 Mi", None, 512 * MiB, hold_s=8),
     Step("memory → 384 Mi", None, 384 * MiB, hold_s=8),
     Step("cpu back", START_CPU, None, hold_s=6),
     Step("memory → working set", None, "working-set", hold_s=8),
@@ -83,7 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     if path == "auto":
         path = "podman" if seam_missing() else "kube"
     out = asyncio.run(
-        run_scenario(path, image, args.out, steps=TRACE, load=LOAD, name="bench-memory")
+        run_scenario(
+            path,
+            image,
+            args.out,
+            steps=TRACE,
+            load=LOAD,
+            name="bench-memory",
+            start=(START_CPU, 768 * MiB),
+        )
     )
     print(out.text)
     print()
