@@ -186,6 +186,12 @@ def render(rig: ContainerRig, title: str) -> str:
         f"{rig.cfg.load.rate_hz:g} Hz, {rig.cfg.load.points} points/cloud; "
         f"PAUSEs honoured {pub.get('pauses', 0)}"
     )
+    if rig.died_t is not None:
+        lines.append(
+            f"note: the container died at {rig.died_t:.1f} s; the remaining steps were not run"
+        )
+    if rig.publish_report.get("error"):
+        lines.append(f"note: publishers: {rig.publish_report['error']}")
     if rig.scrape_errors:
         lines.append(
             f"note: {rig.scrape_errors} /metrics scrapes failed (samples kept cgroup data)"

@@ -212,7 +212,7 @@ class Load:
     edges: int = 1
     streams_per_edge: int = 2
     rate_hz: float = 10.0
-    points: int = 40_000
+    points: int = 25_000
 
 
 @dataclass(slots=True)
@@ -242,6 +242,7 @@ class ContainerRig:
         self.started_at = ""
         self.scrape_errors = 0
         self.load_ended_t: float | None = None
+        self.died_t: float | None = None  # when the harness found the container gone
         self._t0 = 0.0
         self._procs: list[asyncio.subprocess.Process] = []
         self._sink_addr = ""
@@ -304,6 +305,8 @@ class ContainerRig:
             f"{self.cfg.memory}b",
             "--memory-swap",
             f"{self.cfg.memory}b",
+            "--log-driver",
+            "k8s-file",
             *ULIMITS,
             *env_args,
             self.cfg.image,
@@ -453,7 +456,7 @@ class ContainerRig:
         t = time.monotonic()
         try:
             res.notes += await resizer.resize(cpu, mem)
-        except (PodmanError, RuntimeError) as e:
+        except (PodmanError, RuntimeError, OSError) as e:
             res.notes.append(f"resize failed: {e}")
         res.resize_ms = (time.monotonic() - t) * 1000
         self._cur_cpu, self._cur_mem = cpu, mem
@@ -464,7 +467,11 @@ class ContainerRig:
         """Until the bridge's reported limits equal the cgroup's (read from the host)."""
         t0 = time.monotonic()
         while True:
-            _, res.cgroup_memory, res.cgroup_cpu = self._cg_values()
+            try:
+                _, res.cgroup_memory, res.cgroup_cpu = self._cg_values()
+            except OSError:
+                res.notes.append("the container is gone (its cgroup was removed)")
+                return
             with contextlib.suppress(OSError, TimeoutError, ValueError, IndexError):
                 m = await self.scrape()
                 res.seen_cpu = m.get("bridge_limit_cpu_cores")
@@ -501,8 +508,19 @@ class ContainerRig:
             for i, step in enumerate(steps, 1):
                 t_step = time.monotonic()
                 self.steps.append(await self._apply(i, step, resizer))
+                if not self.alive():
+                    self.died_t = self.now()
+                    break
                 await asyncio.sleep(max(0.0, step.hold_s - (time.monotonic() - t_step)))
-            self.publish_report = await pub_result
+            if self.died_t is not None:
+                # the edges would only retry a dead bridge: stop them, keep what they report
+                for proc in self._procs[1:]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                self.publish_report = await pub_result
+            except RuntimeError as e:
+                self.publish_report = {"error": str(e)[-500:]}
             self.load_ended_t = self.now()
             await asyncio.sleep(1.0)  # the last acks and samples
         finally:
@@ -520,6 +538,10 @@ class ContainerRig:
         if sink.returncode is None:
             sink.send_signal(signal.SIGTERM)
         self.sink_report = await self._json_output(sink, "sink")
+
+    def alive(self) -> bool:
+        """The container's cgroup still exists (runc removes it when the bridge dies)."""
+        return self.cgroup is not None and self.cgroup.memory_dir.exists()
 
     async def close(self) -> None:
         """Every exit path: children killed, the container removed."""
