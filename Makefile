@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
-.PHONY: run test lint proto venv sysdeps bench-relay bench-decimate bench-adapt test-sanitize clean \
+.PHONY: run test lint proto venv sysdeps bench-relay bench-decimate bench-adapt test-sanitize fuzz clean \
 	container-deps e2e-container bench-memory
 
 $(STAMP): pyproject.toml setup.py
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml setup.py
 
 venv: $(STAMP) sysdeps
 
-# System packages (Debian): libusb for Open3D's wheel (DESIGN §8), shellcheck for the deploy
+# System packages (Debian): libusb for Open3D's wheel (see the README), shellcheck for the deploy
 # scripts' test. Installed when we are root with apt-get; otherwise those tests skip visibly.
 SYSPKGS := libusb-1.0-0 shellcheck
 sysdeps:
@@ -56,6 +56,11 @@ test-sanitize: venv
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so):$$(gcc -print-file-name=libubsan.so)" \
 	  $(PY) -m pytest -q -p no:cacheprovider tests/unit/test_decimate.py; \
 	status=$$?; $(PY) -m pip install -q -e . --no-deps --no-build-isolation; exit $$status
+
+# Long structure-aware fuzz run of both transports (make test runs 100 examples of the same target).
+FUZZ_EXAMPLES ?= 5000
+fuzz: venv
+	SIMBRIDGE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider tests/fuzz --timeout 3600
 
 bench-relay: venv
 	$(PY) -m benchmarks.relay

@@ -1,7 +1,8 @@
 """Bridge relay vs the raw transport (``make bench-relay`` = ``python -m benchmarks.relay``).
 
 What it answers: how much throughput and latency the bridge's passthrough path costs compared with
-the least any relay must do, measured side by side in one run on the same machine (DESIGN §7).
+the least any relay must do, measured side by side in one run on the same machine
+(docs/design.md §6).
 Target: bridge/raw msgs/s >= 0.6 at 1.2 MB.
 
 Targets (each relay is its own process; load clients and the sink share this one):
@@ -36,7 +37,7 @@ busy and the row is noise. The environment passes through to every process: glib
 settings (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) change the 1.2 MB results a lot,
 so the header and the JSON record them.
 
-Each cell runs ``--warmup`` seconds (first touch of memory is slow here; DESIGN §8), then
+Each cell runs ``--warmup`` seconds (first touch of memory is slow here; docs/design.md §6), then
 ``--seconds``; msgs/s is the median of the per-slice rates over the measured window (robust to a
 GC pause or a page-fault storm), MB/s follows from the wire size. Every cell ends with an exact
 accounting: the clients stop, every message sent must arrive at the sink exactly once and in order
@@ -455,7 +456,7 @@ class Client:
 
 
 class WsClient(Client):
-    # ``await ws.send()`` does not yield while the socket takes data (DESIGN §8): without an
+    # ``await ws.send()`` does not yield while the socket takes data (docs/design.md §6): without an
     # explicit yield, 32 "concurrent" connections would take turns.
     yield_after_send = True
     ws: ClientConnection
@@ -464,7 +465,7 @@ class WsClient(Client):
         path = "/v1/ingest" if self.bridge else "/relay"
         self.ws = await connect(
             f"ws://{address}{path}",
-            compression=None,  # permessage-deflate would dominate (DESIGN §8)
+            compression=None,  # permessage-deflate would dominate (docs/design.md §2)
             max_size=MAX_FRAME_BYTES + 64 * 1024,
             ping_interval=None,
         )
@@ -1049,7 +1050,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         results = asyncio.run(run(cfg, progress))
-    else:  # the bridge runs on uvloop too; DESIGN §8's ceilings were measured with it
+    else:  # the bridge runs on uvloop too; the ceilings in docs/design.md §6 were measured with it
         results = uvloop.run(run(cfg, progress))
     print()
     print(report_footer(results))

@@ -39,7 +39,7 @@ def register(cmd: Command) -> Command:
 
 
 def _run_async(coro: Coroutine[Any, Any, int]) -> int:
-    """Run on uvloop when it is installed (the loopback ceilings in DESIGN §8 assume it)."""
+    """Run on uvloop when it is installed (the loopback ceilings in docs/design.md §6 assume it)."""
     try:
         import uvloop
     except ImportError:
@@ -379,3 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command].run(args)
     except KeyboardInterrupt:
         return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,7 +2,7 @@
  * cpu_scratch.c - scratch memory for the CPU kernel, cached per calling thread.
  *
  * Why: the kernel needs ~16 bytes per point of temporary memory, and first touch of fresh
- * pages costs 0.4-2 GB/s on these VMs (DESIGN.md section 8) - as much as the whole
+ * pages costs 0.4-2 GB/s on these VMs (docs/design.md section 6) - as much as the whole
  * decimation of a cloud. A worker thread that decimates frame after frame reuses one buffer.
  */
 #include "cpu_internal.h"
@@ -15,7 +15,7 @@ typedef struct {
 } scratch_t;
 
 /* Per calling thread: pool threads each reuse their own buffers (first touch of fresh
- * memory is slow on these VMs; see DESIGN.md section 8). A pthread key, not just
+ * memory is slow on these VMs; see docs/design.md section 6). A pthread key, not just
  * _Thread_local, so the buffer is freed when its thread exits. */
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;

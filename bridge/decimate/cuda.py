@@ -22,7 +22,7 @@ from bridge.decimate._types import (
     VoxelKeyOverflow,
     check_layout,
 )
-from bridge.decimate.backends import run_with_budget
+from bridge.decimate.budget import run_with_budget
 from bridge.decimate.native_table import field_table
 
 #: Override the library path (tests, custom builds).

@@ -31,7 +31,7 @@ class FileError(Exception):
 def _open3d() -> Any:
     try:
         import open3d as o3d
-    except ImportError as exc:  # typically the missing libusb-1.0-0 (DESIGN.md §8)
+    except ImportError as exc:  # typically the missing libusb-1.0-0 (see the README)
         raise FileError(
             f"Open3D is needed for file I/O and cannot be imported: {exc} "
             "(pip install open3d; apt-get install libusb-1.0-0)"

@@ -61,7 +61,8 @@ async def test_memory_decrease_below_usage_succeeds_through_cooperative_shrink(
         )
         bridge = BridgeService(settings, CollectorRegistry())
         await bridge.start()
-        baseline = bridge.memory_baseline_bytes()
+        assert bridge.capacity is not None
+        baseline = bridge.capacity.memory_baseline_bytes()
         assert sim.cgroup is not None
         cg = sim.cgroup
 

@@ -557,7 +557,7 @@ asyncio.run(main())
 
 @pytest.mark.cgroup
 async def test_real_v1_cpu_quota_change_is_seen(tmp_path: Path) -> None:
-    """DESIGN §7: on this kind of host the cpu controller is real and writable as root."""
+    """On the project's CI hosts the cpu controller is real and writable as root."""
     base = Path("/sys/fs/cgroup/cpu")
     if (
         os.geteuid() != 0

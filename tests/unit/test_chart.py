@@ -652,7 +652,7 @@ def test_resizer_role_is_pods_resize_patch_only(renderer: Renderer, values_file:
 
 
 def test_dra_default_form_keeps_pod_resizable(renderer: Renderer) -> None:
-    """Default DRA form is the extended resource: no resources.claims (FACTS §0.1)."""
+    """Default DRA form is the extended resource: no resources.claims (docs/kubernetes.md)."""
     defaults = renderer.chart.values
     assert defaults["dra"]["enabled"] is False
     assert defaults["dra"]["mode"] == "extendedResource"
