@@ -378,7 +378,13 @@ class ContainerRig:
 
     @staticmethod
     async def _json_output(proc: asyncio.subprocess.Process, what: str) -> dict[str, Any]:
-        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), 120)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise RuntimeError(f"{what} gave no summary within 120 s") from None
         text = out.decode()
         start = text.find("{")
         if proc.returncode not in (0,) or start < 0:
@@ -430,6 +436,9 @@ class ContainerRig:
             try:
                 usage, limit, cpu = self._cg_values()
             except OSError:
+                usage = -1
+            if usage < 0 or not self.alive():
+                self._died()
                 return  # the container is gone: the final checks say why
             self.samples.append(Sample(self.now(), vm_rss(self.pid), usage, limit, cpu, metrics))
             next_t += SAMPLE_S
@@ -508,15 +517,12 @@ class ContainerRig:
             for i, step in enumerate(steps, 1):
                 t_step = time.monotonic()
                 self.steps.append(await self._apply(i, step, resizer))
-                if not self.alive():
-                    self.died_t = self.now()
+                while self.died_t is None and time.monotonic() - t_step < step.hold_s:
+                    if not self.alive():
+                        self._died()
+                    await asyncio.sleep(0.2)
+                if self.died_t is not None:
                     break
-                await asyncio.sleep(max(0.0, step.hold_s - (time.monotonic() - t_step)))
-            if self.died_t is not None:
-                # the edges would only retry a dead bridge: stop them, keep what they report
-                for proc in self._procs[1:]:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
             try:
                 self.publish_report = await pub_result
             except RuntimeError as e:
@@ -540,8 +546,22 @@ class ContainerRig:
         self.sink_report = await self._json_output(sink, "sink")
 
     def alive(self) -> bool:
-        """The container's cgroup still exists (runc removes it when the bridge dies)."""
-        return self.cgroup is not None and self.cgroup.memory_dir.exists()
+        """The bridge process (the container's PID 1) and its cgroup still exist."""
+        return (
+            self.cgroup is not None
+            and os.path.exists(f"/proc/{self.pid}")
+            and self.cgroup.memory_dir.exists()
+        )
+
+    def _died(self) -> None:
+        """The bridge is gone: the edges would only retry it, so they are stopped (their
+        summaries are lost; the checks fail on the death itself)."""
+        if self.died_t is not None:
+            return
+        self.died_t = self.now()
+        for proc in self._procs[1:]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     async def close(self) -> None:
         """Every exit path: children killed, the container removed."""
