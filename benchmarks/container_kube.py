@@ -101,6 +101,7 @@ class KubeResizer:
         want = (round(cpu * 1000), memory)
         t0 = time.monotonic()
         held = 0.0
+        why = ""
         notes: list[str] = []
         while True:
             pod = await self._pod()
@@ -108,16 +109,16 @@ class KubeResizer:
             in_progress = conds.get("PodResizeInProgress")
             if in_progress is not None and in_progress.get("reason") == "Error":
                 held = time.monotonic() - t0
+                why = str(in_progress.get("message", ""))[:160]
             if _enacted(pod) == want and not {"PodResizePending", "PodResizeInProgress"} & set(
                 conds
             ):
                 break
             if time.monotonic() - t0 > 60:
-                notes.append(f"Pod status did not converge in 60 s: {conds}")
-                break
+                raise RuntimeError(f"Pod status did not converge in 60 s: {why or conds}")
             await asyncio.sleep(0.05)
         if held:
-            notes.append(f"kubelet held the decrease {held:.1f} s (usage ≥ new limit)")
+            notes.append(f"kubelet held the resize {held:.1f} s: {why}")
         return notes
 
     def close(self) -> None:

@@ -47,6 +47,7 @@ def checks(rig: ContainerRig) -> list[Check]:
     worst = max(
         (s.rss / s.limit for s in rig.samples if s.limit), default=0.0
     )  # RSS / limit at the worst sample
+    vm_worst = max((s.vmrss / s.limit for s in rig.samples if s.limit), default=0.0)
     oom_kills = rig.oom_end.get("oom_kill", 0) - rig.oom_start.get("oom_kill", 0)
     mismatched = [r.index for r in rig.steps if not r.match]
     failed = [f"{r.index}: {n}" for r in rig.steps for n in r.notes if "failed" in n]
@@ -85,8 +86,12 @@ def checks(rig: ContainerRig) -> list[Check]:
         ),
         Check(
             "OOM kills 0",
-            oom_kills == 0 and not state.get("OOMKilled", False),
+            oom_kills == 0
+            and not state.get("OOMKilled", False)
+            and not rig.kernel_ooms
+            and state.get("ExitCode", 0) != 137,
             f"cgroup oom_kill +{oom_kills}, podman OOMKilled {state.get('OOMKilled')}, "
+            f"kernel log OOM kills {len(rig.kernel_ooms)}, exit code {state.get('ExitCode')}, "
             + ", ".join(
                 f"{k} {rig.oom_start.get(k, 0)}→{v}" for k, v in sorted(rig.oom_end.items())
             ),
@@ -104,7 +109,8 @@ def checks(rig: ContainerRig) -> list[Check]:
         Check(
             "RSS ≤ limit at every 100 ms sample",
             not over and len(rig.samples) > 10,
-            f"{len(rig.samples)} samples, {len(over)} over; worst RSS/limit {worst:.2f}",
+            f"{len(rig.samples)} samples of anon RSS, {len(over)} over; worst RSS/limit "
+            f"{worst:.2f} (VmRSS, with shared file pages: {vm_worst:.2f})",
         ),
     ]
     return out
@@ -186,6 +192,7 @@ def render(rig: ContainerRig, title: str) -> str:
         f"{rig.cfg.load.rate_hz:g} Hz, {rig.cfg.load.points} points/cloud; "
         f"PAUSEs honoured {pub.get('pauses', 0)}"
     )
+    lines += [f"kernel: {line}" for line in rig.kernel_ooms]
     if rig.died_t is not None:
         lines.append(
             f"note: the container died at {rig.died_t:.1f} s; the remaining steps were not run"
@@ -227,7 +234,7 @@ def plot(rig: ContainerRig, path: Path, title: str) -> None:
     fig, (ax_m, ax_c, ax_t) = plt.subplots(
         3, 1, figsize=(11, 8), sharex=True, gridspec_kw={"height_ratios": [3, 1, 1.4]}
     )
-    ax_m.plot(t, [x.rss / MiB for x in s], label="RSS (bridge process)", color="tab:blue")
+    ax_m.plot(t, [x.rss / MiB for x in s], label="RSS anon (bridge)", color="tab:blue")
     ax_m.plot(t, [x.usage / MiB for x in s], label="cgroup usage", color="tab:cyan", lw=0.8)
     ax_m.step(
         t,

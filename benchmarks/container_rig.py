@@ -30,6 +30,7 @@ import os
 import resource
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -81,15 +82,36 @@ def round_up(n: int, unit: int) -> int:
     return -(-n // unit) * unit
 
 
-def vm_rss(pid: int) -> int:
-    """``VmRSS`` of ``pid`` in bytes (0 when the process is gone)."""
+def process_rss(pid: int) -> tuple[int, int]:
+    """(anonymous + shmem RSS, VmRSS) of ``pid`` in bytes; (0, 0) when the process is gone.
+
+    The first is what the container's memory cgroup is charged for this process for certain: file
+    pages in VmRSS (the shared libraries) are charged to whichever cgroup first read them, so
+    VmRSS can exceed the limit of a healthy container."""
+    fields: dict[str, int] = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssShmem"):
+                fields[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return fields.get("RssAnon", 0) + fields.get("RssShmem", 0), fields.get("VmRSS", 0)
+
+
+def kernel_oom_kills(container_id: str) -> list[str]:
+    """The kernel log's OOM-kill lines for this container's memory cgroup (``dmesg``; empty when
+    the log cannot be read). Why: when the kill ends the container, its cgroup and counters go
+    with it, and podman does not always flag OOMKilled under runc with cgroup v1."""
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [
+        line.strip()
+        for line in out.splitlines()
+        if "oom-kill:" in line and f"task_memcg=/libpod_parent/libpod-{container_id}" in line
+    ]
 
 
 async def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, str]:  # noqa: ASYNC109
@@ -138,11 +160,12 @@ class Step:
 @dataclass(slots=True)
 class Sample:
     t: float  # seconds since the rig started sampling
-    rss: int
+    rss: int  # anonymous + shmem RSS of the bridge (see process_rss)
     usage: int
     limit: int | None
     cpu: float | None
     metrics: dict[str, float]
+    vmrss: int = 0
 
 
 @dataclass(slots=True)
@@ -251,7 +274,9 @@ class ContainerRig:
         self.publish_report: dict[str, Any] = {}
         self.final_inspect: dict[str, Any] = {}
         self.oom_start: dict[str, int] = {}
-        self.oom_end: dict[str, int] = {}
+        self.oom_end: dict[str, int] = {}  # the last counters read (the cgroup may vanish)
+        self.kernel_ooms: list[str] = []
+        self.container_id = ""
 
     def now(self) -> float:
         return time.monotonic() - self._t0
@@ -335,6 +360,7 @@ class ContainerRig:
             await asyncio.sleep(0.2)
         state = await self.podman.inspect(self.name)
         self.pid = int(state["State"]["Pid"])
+        self.container_id = str(state["Id"])
         self.started_at = str(state["State"]["StartedAt"])
         self.cgroup = ContainerCgroup.of_pid(self.pid)
         self.oom_start = self.cgroup.oom_counters()
@@ -440,7 +466,10 @@ class ContainerRig:
             if usage < 0 or not self.alive():
                 self._died()
                 return  # the container is gone: the final checks say why
-            self.samples.append(Sample(self.now(), vm_rss(self.pid), usage, limit, cpu, metrics))
+            anon, vmrss = process_rss(self.pid)
+            self.samples.append(Sample(self.now(), anon, usage, limit, cpu, metrics, vmrss))
+            with contextlib.suppress(OSError, ValueError):
+                self.oom_end = self.cgroup.oom_counters() if self.cgroup else {}
             next_t += SAMPLE_S
             await asyncio.sleep(max(0.0, next_t - time.monotonic()))
 
@@ -538,8 +567,9 @@ class ContainerRig:
         with contextlib.suppress(PodmanError):
             self.final_inspect = await self.podman.inspect(self.name)
         if self.cgroup is not None:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError):
                 self.oom_end = self.cgroup.oom_counters()
+        self.kernel_ooms = await asyncio.to_thread(kernel_oom_kills, self.container_id)
         sink = self._procs[0]
         if sink.returncode is None:
             sink.send_signal(signal.SIGTERM)

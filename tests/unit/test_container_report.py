@@ -88,6 +88,7 @@ def _set(d: dict[str, Any], path: str, value: Any) -> None:
         ("final_inspect.State.Running", False, "container restarts 0"),
         ("final_inspect.State.OOMKilled", True, "OOM kills 0"),
         ("oom_end.oom_kill", 1, "OOM kills 0"),
+        ("final_inspect.State.ExitCode", 137, "OOM kills 0"),
     ],
 )
 def test_each_failure_fails_its_check(field: str, value: Any, check: str) -> None:
@@ -95,6 +96,12 @@ def test_each_failure_fails_its_check(field: str, value: Any, check: str) -> Non
     attr, _, rest = field.partition(".")
     _set(getattr(rig, attr), rest, value)
     assert _failed(rig) == [check]
+
+
+def test_an_oom_kill_in_the_kernel_log_fails() -> None:
+    rig = _clean_rig()
+    rig.kernel_ooms = ["oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/libpod_parent/libpod-x"]
+    assert _failed(rig) == ["OOM kills 0"]
 
 
 def test_a_limit_the_bridge_did_not_report_fails() -> None:
