@@ -75,7 +75,7 @@ def build_image() -> str:
     )
     if proc.returncode != 0:
         raise RuntimeError(f"podman build failed:\n{_tail(proc.stderr, 40)}")
-    sys.stderr.write(proc.stderr)
+    sys.stderr.write(_tail(proc.stderr, 3) + "\n")  # the whole build log only on failure
     return IMAGE
 
 

@@ -17,7 +17,7 @@ wheelhouse="$("${here}/wheelhouse.sh" "${python}")"
 log "podman build --target cpu -> ${image}"
 start=${SECONDS}
 previous="$("${PODMAN[@]}" image inspect --format '{{.Id}}' "${image}" 2>/dev/null || true)"
-"${PODMAN[@]}" build --quiet --layers --network host "${ULIMITS[@]}" \
+"${PODMAN[@]}" build --layers --network host "${ULIMITS[@]}" \
   --build-arg "BASE_IMAGE=${SIMBRIDGE_BASE_IMAGE}" \
   --volume "${wheelhouse}:/wheelhouse:ro" \
   --target cpu --tag "${image}" "${repo}" >&2
