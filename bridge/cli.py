@@ -1,17 +1,21 @@
-"""``simbridge``: the bridge's command line (serve, resources, decimate, bench).
+"""``simbridge``: the bridge's command line (serve, resources, decimate, bench, view).
 
 Only this module calls ``sys.exit``. ``serve`` installs signal handlers: SIGTERM (or a first
-SIGINT) drains and exits 0; a second SIGINT forces an immediate exit.
+SIGINT) drains and exits 0, or 3 when the grace period ended with frames undelivered (the edges
+resend them to the next bridge); a second SIGINT forces an immediate exit (130). Invalid
+settings and listeners that cannot be bound exit 2 with one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 
 from bridge import logs
@@ -19,6 +23,8 @@ from bridge import settings as settings_mod
 from bridge.errors import BridgeError, ConfigError
 
 log = logging.getLogger("bridge.cli")
+
+EXIT_DRAIN_INCOMPLETE = 3  # SIGTERM: the grace period ended with frames still undelivered
 
 
 def _serve(argv: list[str]) -> int:
@@ -51,7 +57,7 @@ def _serve(argv: list[str]) -> int:
     except BridgeError as exc:
         print(f"simbridge: {exc}", file=sys.stderr)
         return 2
-    return 0 if ok else 1
+    return 0 if ok else EXIT_DRAIN_INCOMPLETE
 
 
 async def _serve_async(settings: settings_mod.Settings) -> bool:
@@ -75,10 +81,20 @@ async def _serve_async(settings: settings_mod.Settings) -> bool:
     ports = service.ports
     assert ports is not None
     # One machine-readable line so supervisors (tests, the demo) learn ports chosen with 0.
-    print(f"SIMBRIDGE_READY ws={ports.ws} grpc={ports.grpc} http={ports.http}", flush=True)
+    print(ready_line(ports.ws, ports.grpc, ports.http, settings.log_format), flush=True)
     await service.wait_stopped()
-    await service.shutdown()
-    return True
+    return await service.shutdown()
+
+
+def ready_line(ws: int, grpc: int, http: int, log_format: str) -> str:
+    """``SIMBRIDGE_READY ws=.. grpc=.. http=..``; with ``--log-format json`` the same facts as one
+    JSON object (``"msg": "SIMBRIDGE_READY"``), so a JSON log pipeline never sees plain text."""
+    if log_format != "json":
+        return f"SIMBRIDGE_READY ws={ws} grpc={grpc} http={http}"
+    now = time.time()
+    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    entry = {"ts": ts, "level": "info", "logger": "bridge.cli", "msg": "SIMBRIDGE_READY"}
+    return json.dumps({**entry, "ws": ws, "grpc": grpc, "http": http})
 
 
 def _resources(argv: list[str]) -> int:
@@ -94,12 +110,28 @@ def _decimate(argv: list[str]) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="simbridge bench", description="Benchmarks for humans.")
-    parser.add_argument("what", choices=["decimate"], help="which benchmark")
-    _ns, rest = parser.parse_known_args(argv)
-    from bridge.decimate.bench import main as bench_main
+    """``simbridge bench NAME [ARGS]``: ``--help`` after NAME is that benchmark's own help."""
+    parser = argparse.ArgumentParser(
+        prog="simbridge bench",
+        usage="simbridge bench NAME [ARGS ...]",
+        description="Benchmarks for humans. `simbridge bench NAME --help` describes one and "
+        "its arguments.",
+    )
+    parser.add_argument("what", metavar="NAME", choices=["decimate"], help="one of: decimate")
+    if not argv or argv[0].startswith("-"):
+        parser.parse_args(argv)  # prints the usage (or -h) and exits
+    ns = parser.parse_args(argv[:1])
+    if ns.what == "decimate":
+        from bridge.decimate.bench import main as bench_main
 
-    return bench_main(rest)
+        return bench_main(argv[1:])
+    return 2  # pragma: no cover - argparse's choices admit nothing else
+
+
+def _view(argv: list[str]) -> int:
+    from bridge.view.cli import main as view_main
+
+    return view_main(argv)
 
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
@@ -107,6 +139,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "resources": (_resources, "print the limits the bridge sees and where each came from"),
     "decimate": (_decimate, "voxel-downsample a PCD/PLY file"),
     "bench": (_bench, "run a benchmark (bench decimate)"),
+    "view": (_view, "visualization sink: Foxglove WebSocket, MCAP record, browser page"),
 }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bridge import settings as settings_mod
 from bridge.resources.adapt import Adapter, AdapterSettings
 from bridge.resources.cgroup import CgroupReader
 from bridge.resources.gpu import GpuProbe
@@ -28,6 +29,17 @@ K8S = Path(__file__).resolve().parent.parent / "fixtures" / "k8s"
 REPO = str(Path(__file__).resolve().parents[2])
 MiB = 1 << 20
 GiB = 1 << 30
+
+
+def mem(budget: int) -> tuple[int, int]:
+    """(data budget, reserve) the default plan applies for ``budget``."""
+    return budget, budget // 4
+
+
+def ring_of(budget: int) -> int:
+    return budget - budget // 4
+
+
 RESIZE = "/api/v1/namespaces/sim/pods/sim-bridge-0/resize"
 MIG_UUID = "MIG-4d5e6f7a-8b9c-5d0e-1f2a-3b4c5d6e7f80"  # the claimed device in the fixtures
 MIG_ID = "gpu.nvidia.com/gpu-node-a/gpu-0-mig-3g40gb-9-4"
@@ -54,7 +66,7 @@ async def eventually(pred: Callable[[], bool], within: float = 3.0) -> None:
 
 
 class FakeTarget:
-    """Records calls; ``probe`` runs inside set_ring_budget (to see the world at apply time)."""
+    """Records calls; ``probe`` runs inside set_memory_budget (to see the world at apply time)."""
 
     def __init__(self, streams: int = 2, baseline: int = 0) -> None:
         self.calls: list[tuple[str, Any, float]] = []
@@ -70,11 +82,11 @@ class FakeTarget:
         self.calls.append(("workers", workers, time.monotonic()))
         self.workers = workers
 
-    def set_ring_budget(self, total_bytes: int, per_stream_floor: int) -> None:
-        self.calls.append(("ring", total_bytes, time.monotonic()))
-        self.ring = (total_bytes, per_stream_floor)
+    def set_memory_budget(self, budget_bytes: int, reserve_bytes: int) -> None:
+        self.calls.append(("ring", budget_bytes, time.monotonic()))
+        self.ring = (budget_bytes, reserve_bytes)
         if self.probe is not None:
-            self.probed.append((total_bytes, self.probe()))
+            self.probed.append((budget_bytes, self.probe()))
 
     def set_gpu_healthy(self, healthy: bool) -> None:
         self.calls.append(("gpu", healthy, time.monotonic()))
@@ -220,7 +232,7 @@ async def test_live_cgroup_change_is_detected_and_applied_fast(cg: Path) -> None
     async with adapter:
         # the first plan is applied before start() returns
         assert target.workers == 2
-        assert target.ring == ((GiB - 128 * MiB - 64 * MiB) // 2, MiB)
+        assert target.ring == mem(GiB - 128 * MiB - 64 * MiB)
         assert target.gpu_healthy is False  # no NVML probe: CPU
         assert sample(registry, "bridge_limit_cpu_cores") == 2.0
         assert sample(registry, "bridge_plan_workers") == 2
@@ -232,7 +244,7 @@ async def test_live_cgroup_change_is_detected_and_applied_fast(cg: Path) -> None
         assert applied - written < 0.5, "cpu.max change not applied within 500 ms"
 
         write(cg / "memory.max", str(512 * MiB))
-        await eventually(lambda: target.ring == ((512 * MiB - 192 * MiB) // 2, MiB))
+        await eventually(lambda: target.ring == mem(512 * MiB - 192 * MiB))
         write(cg / "cpu.max", "max 100000")
         await eventually(lambda: target.workers == 8)  # unlimited -> all 8 CPUs
         assert sample(registry, "bridge_limit_cpu_cores") == float("inf")
@@ -268,7 +280,7 @@ async def test_malformed_file_is_reported_and_the_rest_still_adapts(cg: Path) ->
         assert "period must be > 0" in adapter.describe()["cgroup"]["problems"][0]
         assert target.workers == 4  # no quota known: all CPUs
         write(cg / "memory.max", str(256 * MiB))
-        await eventually(lambda: target.ring == ((256 * MiB - 64 * MiB) // 2, MiB))
+        await eventually(lambda: target.ring == mem(256 * MiB - 64 * MiB))
     # an unreadable cpu.max is not a cpu resize; the memory change is one
     assert sample(registry, "bridge_resize_events_total", resource="cpu", direction="up") == 0
     assert sample(registry, "bridge_resize_events_total", resource="memory", direction="down") == 1
@@ -283,12 +295,12 @@ async def test_workload_change_replans_shares(cg: Path) -> None:
         settings=AdapterSettings(poll_interval=0.01, slow_interval=0.02),
     )
     async with adapter:
-        assert adapter.plan is not None and adapter.plan.per_stream_bytes == (GiB - 64 * MiB) // 2
+        assert adapter.plan is not None and adapter.plan.per_stream_bytes == ring_of(GiB - 64 * MiB)
         target.streams = 4
         await eventually(
             lambda: (
                 adapter.plan is not None
-                and adapter.plan.per_stream_bytes == (GiB - 64 * MiB) // 2 // 4
+                and adapter.plan.per_stream_bytes == ring_of(GiB - 64 * MiB) // 4
             )
         )
 
@@ -303,7 +315,7 @@ async def test_cooperative_downscale_plans_before_the_kubelet_applies(
     sim, adapter, target, registry, client = await stack("pod-resize-done.json", target=target)
     root = tmp_path / "cg-sim"
     await eventually(lambda: adapter.describe()["pod"] is not None)
-    assert target.ring == ((12 * GiB - 64 * MiB) // 2, MiB)
+    assert target.ring == mem(12 * GiB - 64 * MiB)
     target.probe = lambda: (root / "memory.max").read_text().strip()
 
     assert sim.cgroup is not None
@@ -325,8 +337,8 @@ async def test_cooperative_downscale_plans_before_the_kubelet_applies(
         },
     )
 
-    small = (6 * GiB - 64 * MiB) // 2
-    await eventually(lambda: target.ring == (small, MiB))
+    small = 6 * GiB - 64 * MiB
+    await eventually(lambda: target.ring == mem(small))
     # applied while the cgroup still had the old 12 GiB limit
     assert target.probed[-1] == (small, str(12 * GiB))
     await eventually(lambda: (sim.condition("PodResizeInProgress") or {}).get("reason") == "Error")
@@ -345,9 +357,9 @@ async def test_cooperative_downscale_plans_before_the_kubelet_applies(
             sample(registry, "bridge_resize_events_total", resource="memory", direction="down") == 1
         )
     )
-    assert target.ring == (small, MiB)  # nothing more to do: already planned for 6 GiB
+    assert target.ring == mem(small)  # nothing more to do: already planned for 6 GiB
     assert [v for kind, v, _ in target.calls if kind == "ring"][-2:] == [
-        (12 * GiB - 64 * MiB) // 2,
+        12 * GiB - 64 * MiB,
         small,
     ]  # and it never bounced back up while the kubelet caught up
 
@@ -424,7 +436,7 @@ async def test_describe_names_every_source(stack: Callable[..., Any]) -> None:
     json.dumps(d)  # JSON-able for /debug/resources
 
 
-async def test_from_env(cg: Path) -> None:
+async def test_from_settings_env_form(cg: Path) -> None:
     sim = KubeSim(load("pod-running-initial.json"), cgroup_dir=None)
     await sim.start()
     try:
@@ -435,15 +447,19 @@ async def test_from_env(cg: Path) -> None:
             "BRIDGE_POD_NAMESPACE": "sim",
         }
         target = FakeTarget()
-        settings = AdapterSettings(poll_interval=0.01, plan=PlanSettings(ring_fraction=0.25))
-        adapter = Adapter.from_env(
-            target, CollectorRegistry(), settings=settings, env=env, gpu=GpuProbe(None)
+        settings = AdapterSettings(poll_interval=0.01, plan=PlanSettings(reserve_fraction=0.5))
+        adapter = Adapter.from_settings(
+            target,
+            CollectorRegistry(),
+            settings_mod.load(env=env),
+            settings=settings,
+            gpu=GpuProbe(None),
         )
         async with adapter:
             await eventually(lambda: adapter.describe()["pod"] is not None)
-            assert target.ring == ((GiB - 64 * MiB) // 4, MiB)
-        no_cluster = Adapter.from_env(
-            FakeTarget(), CollectorRegistry(), env={"BRIDGE_CGROUP_ROOT": str(cg)}
+            assert target.ring == (GiB - 64 * MiB, (GiB - 64 * MiB) // 2)
+        no_cluster = Adapter.from_settings(
+            FakeTarget(), CollectorRegistry(), settings_mod.Settings(cgroup_root=str(cg))
         )
         assert no_cluster.describe()["pod_source"] is None
     finally:
@@ -480,7 +496,7 @@ async def test_cli_prints_values_and_sources(stack: Callable[..., Any], tmp_path
             assert data["devices"][0]["uuid"] == MIG_UUID
             assert data["devices"][0]["health"] == "Healthy"
             workers = min(4, len(os.sched_getaffinity(0)))  # clamped to this machine's CPUs
-            assert data["plan (default settings, no streams)"]["workers"]["value"] == workers
+            assert data["plan"]["workers"]["value"] == workers
         else:
             text = out.decode()
             assert "cpu.max: " in text and "<- " + str(tmp_path / "cg-sim" / "cpu.max") in text
@@ -515,7 +531,9 @@ async def test_container_name_from_env(cg: Path) -> None:
             "BRIDGE_POD_NAMESPACE": "sim",
             "BRIDGE_CONTAINER_NAME": "telemetry",
         }
-        adapter = Adapter.from_env(FakeTarget(), CollectorRegistry(), env=env, gpu=GpuProbe(None))
+        adapter = Adapter.from_settings(
+            FakeTarget(), CollectorRegistry(), settings_mod.load(env=env), gpu=GpuProbe(None)
+        )
         assert adapter.settings.plan.container == "telemetry"
     finally:
         await sim.stop()
@@ -535,7 +553,7 @@ with open(sys.argv[1] + "/cgroup.procs", "w") as f:
 
 class T:
     def resize_workers(self, w): pass
-    def set_ring_budget(self, t, f): pass
+    def set_memory_budget(self, t, f): pass
     def set_gpu_healthy(self, h): pass
     def active_streams(self): return 1
     def memory_baseline_bytes(self): return 0
@@ -545,7 +563,7 @@ def report(change):
           flush=True)
 
 async def main():
-    adapter = Adapter(T(), CollectorRegistry(), cgroup=open_cgroup({}), gpu=GpuProbe(None),
+    adapter = Adapter(T(), CollectorRegistry(), cgroup=open_cgroup(), gpu=GpuProbe(None),
                       settings=AdapterSettings(poll_interval=0.01), on_applied=report)
     print(json.dumps({"location": adapter.describe()["cgroup"]["location"]}), flush=True)
     async with adapter:
