@@ -18,7 +18,13 @@
 /* Internal symbols stay out of the shared library's exports. */
 #define SBV_INTERNAL __attribute__((visibility("hidden")))
 
-#define SBV_MIN_POINTS_PER_THREAD 65536
+/* Below this many points per thread a cloud uses fewer threads (helpers are persistent,
+ * cpu_team.c, so a phase costs microseconds to fork and join). */
+#define SBV_MIN_POINTS_PER_THREAD 16384
+/* 1: finish the sorted path by hashing each bucket (cpu_hash.c); 0: LSD-sort the points. */
+#ifndef SBV_BUCKET_HASH
+#define SBV_BUCKET_HASH 1
+#endif
 #define SBV_MAX_THREADS 64
 #define SBV_TOP_BITS 11
 #define SBV_SMALL_BUCKET 48
@@ -44,6 +50,19 @@ typedef union {
 } sbv_acc;
 
 #define SBV_DROPPED UINT32_MAX
+
+/* One thread's voxels on the bucket-hash finish (cpu_hash.c): those of a run of buckets. */
+typedef struct {
+    size_t m;          /* voxels found so far */
+    uint64_t *vkey;    /* packed key per voxel */
+    uint32_t *vcnt;    /* points per voxel */
+    sbv_acc *acc;      /* slots per voxel */
+    uint32_t *order;   /* voxel numbers in key order */
+    uint32_t *table;   /* the current bucket's: voxel number + 1, 0 = empty */
+    int tbits;
+    uint64_t *skey, *skey2; /* voxel sort, ping-pong (sized for the largest bucket) */
+    uint32_t *sid, *sid2;
+} sbv_owner;
 
 struct job {
     const sbv_cloud *in;
@@ -82,6 +101,8 @@ struct job {
     uint32_t *olist;   /* point indices grouped by owner thread, in input order */
     size_t ocount[SBV_MAX_THREADS][SBV_MAX_THREADS]; /* [chunk][owner] counts, then offsets */
     size_t ostart[SBV_MAX_THREADS + 1];
+    /* bucket-hash finish */
+    sbv_owner owner[SBV_MAX_THREADS];
 };
 
 #ifdef SBV_TIMING /* developer aid: per-phase wall times on stderr */
@@ -101,9 +122,14 @@ typedef void (*phase_fn)(job_t *, int);
 /* Run fn(job, t) for t in [0, job->nt), the caller taking t = 0. */
 SBV_INTERNAL int sbvi_run_phase(job_t *job, phase_fn fn);
 
-/* A buffer of at least `bytes`, cached per calling thread when *cached is set on return. */
-SBV_INTERNAL void *sbvi_scratch_get(size_t bytes, int *cached);
-SBV_INTERNAL void sbvi_scratch_done(void *mem, int cached);
+/* A buffer of at least `bytes`, cached per calling thread when *cached is set on return.
+ * Two independent slots per thread (0 and 1); sbvi_scratch_get is slot 0. */
+SBV_INTERNAL void *sbvi_scratch_get_slot(int slot, size_t bytes, int *cached);
+SBV_INTERNAL void sbvi_scratch_done_slot(int slot, void *mem, int cached);
+static inline void *sbvi_scratch_get(size_t bytes, int *cached) {
+    return sbvi_scratch_get_slot(0, bytes, cached);
+}
+static inline void sbvi_scratch_done(void *mem, int cached) { sbvi_scratch_done_slot(0, mem, cached); }
 
 static inline int load_xyz(const job_t *job, const unsigned char *rec, double *x, double *y,
                            double *z) {
@@ -127,10 +153,59 @@ static inline int64_t floor_i64(float q) {
     return (float)k > q ? k - 1 : k;
 }
 
-/* The three ways to finish once bounds are known (each writes job->out, sets *out_points). */
+/* Add one record's fields to its voxel's sums (slot_of: first slot of each field). */
+static inline void sbvi_add_record(const sbv_cloud *in, const uint32_t *slot_of,
+                                   const unsigned char *rec, sbv_acc *a) {
+    for (size_t f = 0; f < in->n_fields; f++) {
+        const sbv_field fd = in->fields[f];
+        const unsigned char *q = rec + fd.offset;
+        sbv_acc *s = a + slot_of[f];
+        if (fd.role == SBV_ROLE_COLOR) {
+            s[0].i += q[0];
+            s[1].i += q[1];
+            s[2].i += q[2];
+            s[3].i += q[3];
+        } else if (fd.type == SBV_FLOAT32 || fd.type == SBV_FLOAT64) {
+            s->d += sbv_load_f(q, fd.type);
+        } else {
+            s->i += sbv_load_i(q, fd.type);
+        }
+    }
+}
+
+/* One zeroed output record holding the means of a voxel's sums (sbv_reduce_voxel's formulas). */
+static inline void sbvi_write_means(const sbv_cloud *in, const uint32_t *slot_of, const sbv_acc *a,
+                                    size_t count, unsigned char *out) {
+    memset(out, 0, in->stride);
+    for (size_t f = 0; f < in->n_fields; f++) {
+        const sbv_field fd = in->fields[f];
+        const sbv_acc *s = a + slot_of[f];
+        if (fd.role == SBV_ROLE_COLOR) {
+            int64_t c[4] = {s[0].i, s[1].i, s[2].i, s[3].i};
+            sbv_store_color(out + fd.offset, c, count);
+        } else if (fd.type == SBV_FLOAT32 || fd.type == SBV_FLOAT64) {
+            sbv_store_float(out + fd.offset, fd.type, s->d, count);
+        } else {
+            sbv_store_int(out + fd.offset, fd.type, s->i, count);
+        }
+    }
+}
+
+/* Accumulator slots per voxel (colour fields take 4); fills slot_of. */
+static inline size_t sbvi_slots(const sbv_cloud *in, uint32_t *slot_of) {
+    size_t slots = 0;
+    for (size_t f = 0; f < in->n_fields; f++) {
+        slot_of[f] = (uint32_t)slots;
+        slots += in->fields[f].role == SBV_ROLE_COLOR ? 4 : 1;
+    }
+    return slots;
+}
+
+/* The ways to finish once bounds are known (each writes job->out, sets *out_points). */
 SBV_INTERNAL int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t err_len);
 SBV_INTERNAL int sbvi_dense_fits(job_t *job, const double klo[3], const double khi[3], size_t nf);
 SBV_INTERNAL int sbvi_run_dense(job_t *job, size_t cap, size_t *out_points, char *err, size_t err_len);
+SBV_INTERNAL int sbvi_finish_hashed(job_t *job, size_t *out_points, char *err, size_t err_len);
 SBV_INTERNAL int sbvi_run_wide(job_t *job, size_t nf, size_t cap, size_t *out_points, char *err,
                                size_t err_len);
 

@@ -12,6 +12,10 @@
 typedef struct {
     void *p;
     size_t size;
+} buf_t;
+
+typedef struct {
+    buf_t slot[2];
 } scratch_t;
 
 /* Per calling thread: pool threads each reuse their own buffers (first touch of fresh
@@ -24,7 +28,8 @@ static int scratch_key_ok;
 static void scratch_free(void *arg) {
     scratch_t *s = (scratch_t *)arg;
     if (!s) return;
-    free(s->p);
+    free(s->slot[0].p);
+    free(s->slot[1].p);
     free(s);
 }
 
@@ -46,16 +51,17 @@ static scratch_t *scratch_slot(int create) {
 
 /* Returns a buffer of at least `bytes` and whether it is cached (*cached = 1) or must be
  * freed by the caller (the key could not be created). */
-void *sbvi_scratch_get(size_t bytes, int *cached) {
+void *sbvi_scratch_get_slot(int slot, size_t bytes, int *cached) {
     size_t rounded = (bytes + 4095) & ~(size_t)4095;
     scratch_t *s = scratch_slot(1);
     *cached = s != NULL;
-    if (!s) return aligned_alloc(64, rounded);
-    if (s->size >= bytes) return s->p;
-    free(s->p);
-    s->p = aligned_alloc(64, rounded);
-    s->size = s->p ? rounded : 0;
-    return s->p;
+    if (!s) return aligned_alloc(64, rounded ? rounded : 4096);
+    buf_t *b = &s->slot[slot];
+    if (b->p && b->size >= bytes) return b->p;
+    free(b->p);
+    b->p = aligned_alloc(64, rounded ? rounded : 4096);
+    b->size = b->p ? rounded : 0;
+    return b->p;
 }
 
 static _Atomic size_t scratch_keep = SBV_SCRATCH_KEEP_DEFAULT;
@@ -65,19 +71,27 @@ size_t sbv_scratch_keep(size_t bytes) {
     return atomic_exchange(&scratch_keep, bytes);
 }
 
-void sbvi_scratch_done(void *mem, int cached) {
+void sbvi_scratch_done_slot(int slot, void *mem, int cached) {
     if (!cached) {
         free(mem);
         return;
     }
     scratch_t *s = scratch_slot(0);
-    if (s && s->size > scratch_keep) sbv_release_scratch();
+    if (!s) return;
+    /* the keep limit covers both slots together */
+    if (s->slot[0].size + s->slot[1].size > scratch_keep) {
+        free(s->slot[slot].p);
+        s->slot[slot].p = NULL;
+        s->slot[slot].size = 0;
+    }
 }
 
 void sbv_release_scratch(void) {
     scratch_t *s = scratch_slot(0);
     if (!s) return;
-    free(s->p);
-    s->p = NULL;
-    s->size = 0;
+    for (int i = 0; i < 2; i++) {
+        free(s->slot[i].p);
+        s->slot[i].p = NULL;
+        s->slot[i].size = 0;
+    }
 }
