@@ -97,8 +97,11 @@ def _bench(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="simbridge bench", description="Benchmarks for humans.")
     parser.add_argument("what", choices=["decimate"], help="which benchmark")
     _ns, rest = parser.parse_known_args(argv)
-    from bridge.decimate.bench import main as bench_main
-
+    try:  # benchmarks/ ships with the source tree, not with the server package
+        from benchmarks.decimate import main as bench_main
+    except ImportError as exc:
+        print(f"simbridge bench needs a source checkout (benchmarks/): {exc}", file=sys.stderr)
+        return 2
     return bench_main(rest)
 
 

@@ -3,7 +3,7 @@ outgoing message, through one reusable buffer per worker thread.
 
 Why: the generic path (``Decimator.downsample`` → ``DecimationResult.data`` → protobuf field →
 ``SerializeToString``) allocates and copies the decimated cloud three to four times per frame,
-which cost 25–45 % on top of the kernel for a 100k-point frame. Here the C kernel writes into a
+which cost 25-45 % on top of the kernel for a 100k-point frame. Here the C kernel writes into a
 per-thread ``bytearray`` (grown, never shrunk, so no allocation per frame), and the outgoing
 ``ProcessedFrame`` is spliced around that buffer with one join: the only copy of the output is
 the one into the message itself. Other backends (CUDA, NumPy, or a point budget that needs the
@@ -28,8 +28,8 @@ from bridge.decimate.native_table import field_table
 from bridge.v1 import bridge_pb2 as pb
 from bridge.wire import field_key, length_prefix
 
-_CLOUD_KEY = field_key(pb.ProcessedFrame.DESCRIPTOR, "point_cloud")
-_DATA_KEY = field_key(pb.PointCloud.DESCRIPTOR, "data")
+_CLOUD_KEY = field_key(pb.ProcessedFrame.DESCRIPTOR, "point_cloud")  # type: ignore[arg-type]
+_DATA_KEY = field_key(pb.PointCloud.DESCRIPTOR, "data")  # type: ignore[arg-type]
 _local = threading.local()
 
 
@@ -75,15 +75,13 @@ def decimate_into(
 
 
 def kernel_threads(workers: int, busy: int, cpus: int) -> int:
-    """Kernel threads for the next frame: the idle share of the pool, so that workers × kernel
+    """Kernel threads for the next frame: the idle share of the pool, so that workers x kernel
     threads stays near the CPU count when few frames are queued and is 1 under load."""
     idle = max(1, workers - busy)
     return max(1, min(idle, cpus))
 
 
-def encode_cloud(
-    head: pb.ProcessedFrame, cloud: pb.PointCloud, data: bytes | memoryview
-) -> bytes:
+def encode_cloud(head: pb.ProcessedFrame, cloud: pb.PointCloud, data: bytes | memoryview) -> bytes:
     """``head`` (a ProcessedFrame without point_cloud) plus ``cloud``'s metadata and ``data``,
     serialized with one copy of ``data``."""
     meta = pb.PointCloud(point_stride=cloud.point_stride, frame_id=cloud.frame_id)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bridge.decimate.bench import lidar_like, main, synthetic_case, uniform
+from benchmarks.decimate import lidar_like, main, synthetic_case, uniform
 
 
 def test_json_report_has_every_method(capsys: pytest.CaptureFixture[str]) -> None:

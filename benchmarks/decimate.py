@@ -8,7 +8,7 @@ baseline during one cold call (Linux ``/proc/self/clear_refs``). The GIL line ru
 Python threads decimating at once and reports their combined throughput over one thread's:
 ~2x on two cores means the method really runs in parallel in a worker pool.
 
-Run ``python -m bridge.decimate.bench --help`` for the input sets.
+Run ``python -m benchmarks.decimate --help`` for the input sets.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from bridge.decimate.backends import available_backends, get_decimator
 
 XYZ_LAYOUT = make_layout(12, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7)])
 XYZRGB_LAYOUT = make_layout(16, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7), ("rgb", 12, 6)])
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PCL = REPO / "tests" / "data" / "pcl"  # the PCL frames, vendored (BSD-3-Clause)
 
 
