@@ -252,10 +252,9 @@ struct Ctx {
     }
 };
 
+/* Kept for the thread's lifetime and not freed at thread exit: destructors that run after the
+ * statically linked CUDA runtime has shut down (process exit) must not call into it. */
 thread_local Ctx *tls_ctx = nullptr;
-thread_local struct CtxOwner {
-    ~CtxOwner() { delete tls_ctx; }
-} tls_owner;
 
 Ctx *ctx(Status &st) {
     if (!tls_ctx) {
@@ -265,7 +264,6 @@ Ctx *ctx(Status &st) {
             return nullptr;
         }
         tls_ctx = c;
-        (void)&tls_owner;
     }
     return tls_ctx;
 }

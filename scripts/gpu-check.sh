@@ -32,7 +32,9 @@ fi
 py="${PYTHON:-python3}"
 if "$py" -c 'import numpy, pytest, hypothesis' 2>/dev/null; then
   BRIDGE_BUILD_CUDA=no "$py" setup.py build_ext --inplace -q > "$out/pybuild.log" 2>&1
-  timeout 100 "$py" -m pytest -q -p no:cacheprovider -m gpu -rs tests/unit/test_decimate.py \
+  # -W/-o: a bare host may lack pytest-asyncio/-timeout, whose ini options then only warn
+  timeout 150 "$py" -m pytest -q -p no:cacheprovider -W ignore::pytest.PytestConfigWarning \
+    -o addopts= -m gpu -rs tests/unit/test_decimate.py \
     tests/unit/test_decimate_open3d.py tests/unit/test_decimate_batch.py 2>&1 |
     tee "$out/gpu-tests.txt" | tail -8
 else

@@ -118,6 +118,17 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
         return lib, reason
 
 
+def _cpu_fallback(layout: CloudLayout, buf: bytes | memoryview, v: float) -> tuple[bytes, int]:
+    """Frames whose keys need more than 63 bits (coordinates over ~2^40 voxels): not on the GPU."""
+    try:
+        from bridge.decimate import _native
+    except ImportError:
+        from bridge.decimate.reference import downsample_packed
+
+        return downsample_packed(layout, buf, v)
+    return _native.downsample(buf, layout.stride, field_table(layout), v, 1)
+
+
 def unavailable_reason() -> str | None:
     """None when the library loads and sees a device, else why not."""
     return _load()[1]
@@ -157,6 +168,8 @@ class CudaDecimator:
                 ctypes.byref(cloud), v, out.ctypes.data, n, ctypes.byref(written), err, len(err)
             )
             message = err.value.decode(errors="replace") or f"CUDA kernel status {rc}"
+            if rc == SBV_EINVAL and "too wide" in message:
+                return _cpu_fallback(layout, buf, v)  # keys beyond 63 bits: the CPU's wide path
             if rc == SBV_EOVERFLOW:
                 raise VoxelKeyOverflow(message)
             if rc == SBV_EINVAL:
