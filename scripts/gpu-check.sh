@@ -27,13 +27,13 @@ build() {
 { time build; } > "$out/build.log" 2>&1 || { echo "build failed"; tail -30 "$out/build.log"; }
 tail -4 "$out/build.log"
 if [ -x ./bench_gpu ]; then
-  timeout 240 ./bench_gpu "$cpus" 2>&1 | tee "$out/bench-gpu.txt"
+  timeout "${BENCH_TIMEOUT:-240}" ./bench_gpu "$cpus" 2>&1 | tee "$out/bench-gpu.txt"
 fi
 py="${PYTHON:-python3}"
 if "$py" -c 'import numpy, pytest, hypothesis' 2>/dev/null; then
   BRIDGE_BUILD_CUDA=no "$py" setup.py build_ext --inplace -q > "$out/pybuild.log" 2>&1
   # -W/-o: a bare host may lack pytest-asyncio/-timeout, whose ini options then only warn
-  timeout 150 "$py" -m pytest -q -p no:cacheprovider -W ignore::pytest.PytestConfigWarning \
+  timeout "${PYTEST_TIMEOUT:-150}" "$py" -m pytest -q -p no:cacheprovider -W ignore::pytest.PytestConfigWarning \
     -o addopts= -m gpu -rs tests/unit/test_decimate.py \
     tests/unit/test_decimate_open3d.py tests/unit/test_decimate_batch.py 2>&1 |
     tee "$out/gpu-tests.txt" | tail -8
