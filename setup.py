@@ -142,7 +142,6 @@ if MODE != "no":
                     "cpu_sorted",
                     "cpu_dense",
                     "cpu_wide",
-                    "cpu_hash",
                     "cpu_team",
                     "cpu_scratch",
                 )

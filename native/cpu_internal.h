@@ -21,10 +21,6 @@
 /* Below this many points per thread a cloud uses fewer threads (helpers are persistent,
  * cpu_team.c, so a phase costs microseconds to fork and join). */
 #define SBV_MIN_POINTS_PER_THREAD 16384
-/* 1: finish the sorted path by hashing each bucket (cpu_hash.c); 0: LSD-sort the points. */
-#ifndef SBV_BUCKET_HASH
-#define SBV_BUCKET_HASH 1
-#endif
 #define SBV_MAX_THREADS 64
 #define SBV_TOP_BITS 11
 #define SBV_SMALL_BUCKET 48
@@ -51,18 +47,6 @@ typedef union {
 
 #define SBV_DROPPED UINT32_MAX
 
-/* One thread's voxels on the bucket-hash finish (cpu_hash.c): those of a run of buckets. */
-typedef struct {
-    size_t m;          /* voxels found so far */
-    uint64_t *vkey;    /* packed key per voxel */
-    uint32_t *vcnt;    /* points per voxel */
-    sbv_acc *acc;      /* slots per voxel */
-    uint32_t *order;   /* voxel numbers in key order */
-    uint32_t *table;   /* the current bucket's: voxel number + 1, 0 = empty */
-    int tbits;
-    uint64_t *skey, *skey2; /* voxel sort, ping-pong (sized for the largest bucket) */
-    uint32_t *sid, *sid2;
-} sbv_owner;
 
 struct job {
     const sbv_cloud *in;
@@ -101,8 +85,6 @@ struct job {
     uint32_t *olist;   /* point indices grouped by owner thread, in input order */
     size_t ocount[SBV_MAX_THREADS][SBV_MAX_THREADS]; /* [chunk][owner] counts, then offsets */
     size_t ostart[SBV_MAX_THREADS + 1];
-    /* bucket-hash finish */
-    sbv_owner owner[SBV_MAX_THREADS];
 };
 
 #ifdef SBV_TIMING /* developer aid: per-phase wall times on stderr */
@@ -122,14 +104,9 @@ typedef void (*phase_fn)(job_t *, int);
 /* Run fn(job, t) for t in [0, job->nt), the caller taking t = 0. */
 SBV_INTERNAL int sbvi_run_phase(job_t *job, phase_fn fn);
 
-/* A buffer of at least `bytes`, cached per calling thread when *cached is set on return.
- * Two independent slots per thread (0 and 1); sbvi_scratch_get is slot 0. */
-SBV_INTERNAL void *sbvi_scratch_get_slot(int slot, size_t bytes, int *cached);
-SBV_INTERNAL void sbvi_scratch_done_slot(int slot, void *mem, int cached);
-static inline void *sbvi_scratch_get(size_t bytes, int *cached) {
-    return sbvi_scratch_get_slot(0, bytes, cached);
-}
-static inline void sbvi_scratch_done(void *mem, int cached) { sbvi_scratch_done_slot(0, mem, cached); }
+/* A buffer of at least `bytes`, cached per calling thread when *cached is set on return. */
+SBV_INTERNAL void *sbvi_scratch_get(size_t bytes, int *cached);
+SBV_INTERNAL void sbvi_scratch_done(void *mem, int cached);
 
 static inline int load_xyz(const job_t *job, const unsigned char *rec, double *x, double *y,
                            double *z) {
@@ -205,7 +182,6 @@ static inline size_t sbvi_slots(const sbv_cloud *in, uint32_t *slot_of) {
 SBV_INTERNAL int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t err_len);
 SBV_INTERNAL int sbvi_dense_fits(job_t *job, const double klo[3], const double khi[3], size_t nf);
 SBV_INTERNAL int sbvi_run_dense(job_t *job, size_t cap, size_t *out_points, char *err, size_t err_len);
-SBV_INTERNAL int sbvi_finish_hashed(job_t *job, size_t *out_points, char *err, size_t err_len);
 SBV_INTERNAL int sbvi_run_wide(job_t *job, size_t nf, size_t cap, size_t *out_points, char *err,
                                size_t err_len);
 

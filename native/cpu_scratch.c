@@ -2,7 +2,7 @@
  * cpu_scratch.c - scratch memory for the CPU kernel, cached per calling thread.
  *
  * Why: the kernel needs ~16 bytes per point of temporary memory, and first touch of fresh
- * pages costs 0.4-2 GB/s on these VMs (DESIGN.md section 8) - as much as the whole
+ * pages costs 0.4-2 GB/s on these VMs (docs/design.md section 6) - as much as the whole
  * decimation of a cloud. A worker thread that decimates frame after frame reuses one buffer.
  */
 #include "cpu_internal.h"
@@ -12,14 +12,10 @@
 typedef struct {
     void *p;
     size_t size;
-} buf_t;
-
-typedef struct {
-    buf_t slot[2];
 } scratch_t;
 
 /* Per calling thread: pool threads each reuse their own buffers (first touch of fresh
- * memory is slow on these VMs; see DESIGN.md section 8). A pthread key, not just
+ * memory is slow on these VMs; see docs/design.md section 6). A pthread key, not just
  * _Thread_local, so the buffer is freed when its thread exits. */
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
@@ -28,8 +24,7 @@ static int scratch_key_ok;
 static void scratch_free(void *arg) {
     scratch_t *s = (scratch_t *)arg;
     if (!s) return;
-    free(s->slot[0].p);
-    free(s->slot[1].p);
+    free(s->p);
     free(s);
 }
 
@@ -51,17 +46,16 @@ static scratch_t *scratch_slot(int create) {
 
 /* Returns a buffer of at least `bytes` and whether it is cached (*cached = 1) or must be
  * freed by the caller (the key could not be created). */
-void *sbvi_scratch_get_slot(int slot, size_t bytes, int *cached) {
+void *sbvi_scratch_get(size_t bytes, int *cached) {
     size_t rounded = (bytes + 4095) & ~(size_t)4095;
     scratch_t *s = scratch_slot(1);
     *cached = s != NULL;
-    if (!s) return aligned_alloc(64, rounded ? rounded : 4096);
-    buf_t *b = &s->slot[slot];
-    if (b->p && b->size >= bytes) return b->p;
-    free(b->p);
-    b->p = aligned_alloc(64, rounded ? rounded : 4096);
-    b->size = b->p ? rounded : 0;
-    return b->p;
+    if (!s) return aligned_alloc(64, rounded);
+    if (s->size >= bytes) return s->p;
+    free(s->p);
+    s->p = aligned_alloc(64, rounded);
+    s->size = s->p ? rounded : 0;
+    return s->p;
 }
 
 static _Atomic size_t scratch_keep = SBV_SCRATCH_KEEP_DEFAULT;
@@ -71,27 +65,19 @@ size_t sbv_scratch_keep(size_t bytes) {
     return atomic_exchange(&scratch_keep, bytes);
 }
 
-void sbvi_scratch_done_slot(int slot, void *mem, int cached) {
+void sbvi_scratch_done(void *mem, int cached) {
     if (!cached) {
         free(mem);
         return;
     }
     scratch_t *s = scratch_slot(0);
-    if (!s) return;
-    /* the keep limit covers both slots together */
-    if (s->slot[0].size + s->slot[1].size > scratch_keep) {
-        free(s->slot[slot].p);
-        s->slot[slot].p = NULL;
-        s->slot[slot].size = 0;
-    }
+    if (s && s->size > scratch_keep) sbv_release_scratch();
 }
 
 void sbv_release_scratch(void) {
     scratch_t *s = scratch_slot(0);
     if (!s) return;
-    for (int i = 0; i < 2; i++) {
-        free(s->slot[i].p);
-        s->slot[i].p = NULL;
-        s->slot[i].size = 0;
-    }
+    free(s->p);
+    s->p = NULL;
+    s->size = 0;
 }

@@ -213,12 +213,6 @@ int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t
         job->bucket_range[t] = b;
     }
     job->bucket_range[nt] = job->nbuckets;
-    if (SBV_BUCKET_HASH) {
-        int rc = sbvi_finish_hashed(job, out_points, err, err_len);
-        SBV_TICK("hash");
-        sbvi_scratch_done(mem, cached);
-        return rc;
-    }
     sbvi_run_phase(job, phase_sort);
     SBV_TICK("sort");
     size_t m = 0;

@@ -6,9 +6,7 @@
  * happens once, here. The key spans then pick one of three ways to finish:
  *
  *   cpu_dense.c   coarse grids (<= ~0.75 cells per point): count cells, no sort;
- *   cpu_sorted.c  the general case: radix-sort 8-byte (packed key, index) items by their top
- *                 bits, then finish each bucket by hashing its points into its voxels
- *                 (cpu_hash.c) and sorting the voxels;
+ *   cpu_sorted.c  the general case: radix-sort 8-byte (packed key, index) items;
  *   cpu_wide.c    keys + index wider than 64 bits: comparison sort, single thread.
  *
  * All three sum each voxel's points in input order in float64 (integers exactly), so every

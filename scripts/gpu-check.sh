@@ -20,8 +20,9 @@ build() {
     -o bridge/decimate/_sbv_cuda.so native/voxel_cuda.cu &
   gcc -O3 -std=c11 -pthread -fPIC -c -I native native/voxel_cpu.c native/cpu_*.c || return 1
   # shellcheck disable=SC2086
+  # both halves define sbv_abi_version (same value): let the linker keep one
   nvcc -O3 -std=c++17 $arch -I native -o bench_gpu native/bench_gpu.cu native/voxel_cuda.cu \
-    voxel_cpu.o cpu_*.o -lpthread || return 1
+    voxel_cpu.o cpu_*.o -lpthread -Xlinker --allow-multiple-definition || return 1
   wait
 }
 { time build; } > "$out/build.log" 2>&1 || { echo "build failed"; tail -30 "$out/build.log"; }
