@@ -6,17 +6,17 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
-.PHONY: run test lint proto venv sysdeps bench-relay bench-decimate bench-adapt test-sanitize clean
+.PHONY: run test lint proto chart-docs venv sysdeps bench-relay bench-decimate bench-adapt test-sanitize fuzz clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e '.[test,dev]'
+	$(PY) -m pip install -q -e '.[test,dev,loadgen,gpu]'
 	touch $(STAMP)
 
 venv: $(STAMP) sysdeps
 
-# System packages (Debian): libusb for Open3D's wheel (DESIGN §8), shellcheck for the deploy
+# System packages (Debian): libusb for Open3D's wheel (see the README), shellcheck for the deploy
 # scripts' test. Installed when we are root with apt-get; otherwise those tests skip visibly.
 SYSPKGS := libusb-1.0-0 shellcheck
 sysdeps:
@@ -48,6 +48,10 @@ lint: venv
 proto: venv
 	$(PY) -m bridge.protogen
 
+# Regenerate the values table in charts/simbridge/README.md from values.yaml (a test checks it).
+chart-docs: venv
+	$(PY) scripts/chart_values_table.py --write
+
 # The C kernel under ASan/UBSan (like msgspec's sanitizer CI), then rebuilt normally.
 test-sanitize: venv
 	BRIDGE_SANITIZE=1 BRIDGE_BUILD_NATIVE=yes $(PY) -m pip install -q -e . --no-deps --no-build-isolation
@@ -55,6 +59,11 @@ test-sanitize: venv
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so):$$(gcc -print-file-name=libubsan.so)" \
 	  $(PY) -m pytest -q -p no:cacheprovider tests/unit/test_decimate.py; \
 	status=$$?; $(PY) -m pip install -q -e . --no-deps --no-build-isolation; exit $$status
+
+# Long structure-aware fuzz run of both transports (make test runs 100 examples of the same target).
+FUZZ_EXAMPLES ?= 5000
+fuzz: venv
+	SIMBRIDGE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider tests/fuzz --timeout 3600
 
 bench-relay: venv
 	$(PY) -m benchmarks.relay

@@ -39,7 +39,7 @@ QUEUE_MESSAGES = 64
 
 
 def grpc_options(max_bytes: int) -> list[tuple[str, int]]:
-    """gRPC's default 4 MiB receive cap is not ours to inherit (DESIGN §8): set it explicitly."""
+    """gRPC's default 4 MiB receive cap is not ours to inherit (docs/design.md §2): set it."""
     return [
         ("grpc.max_receive_message_length", max_bytes),
         ("grpc.max_send_message_length", max_bytes),

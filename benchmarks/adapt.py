@@ -10,7 +10,7 @@
    changes; ``time.thread_time()`` of that thread / wall time = share of one core. Measured on the
    temporary directory and on this process's real cgroup (sysfs), when one is found.
 
-Targets (DESIGN §4): p99 <= 100 ms and watcher <= 1 % of a core at 50 ms polling.
+Targets (docs/design.md §4): p99 <= 100 ms and watcher <= 1 % of a core at 50 ms polling.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``simbridge bench decimate``: every backend next to Open3D, on the same inputs, in one run.
 
-For humans, not CI (timings on shared VMs are noisy, DESIGN.md §8): each method is warmed
+For humans, not CI (timings on shared VMs are noisy, docs/design.md §6): each method is warmed
 up, then timed several times and the median reported, as input points per second (the raw
 frame's count, NaN included, for every method; Open3D is handed the finite points
 pre-filtered, which flatters it). "peak MB" is the resident-memory high-water mark above the
@@ -441,7 +441,8 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
     repeats = min(args.repeats, 3) if args.quick else args.repeats
     gil_case: Case | None = None
     for case in plan_cases(args):  # lazily: 10M-point inputs are not all held at once
-        # GIL figure on the biggest lidar-like case, preferably at voxel 0.2 (DESIGN.md anchor)
+        # GIL figure on the biggest lidar-like case, preferably at voxel 0.2 (the reference
+        # point in docs/design.md §6)
         if gil_case is None or _gil_rank(case) > _gil_rank(gil_case):
             gil_case = case
         runners = methods_for(case, wanted, cpus)

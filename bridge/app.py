@@ -19,21 +19,24 @@ from prometheus_client import CollectorRegistry
 from websockets.asyncio.server import Server as WsServer
 
 from bridge import codec
+from bridge.capacity import Capacity
 from bridge.core import BridgeCore, CoreConfig
-from bridge.decimate import Decimator, get_decimator
+from bridge.decimate import get_decimator
+from bridge.decimate.cuda import use_library as use_cuda_library
+from bridge.events import CoreEvents
 from bridge.grpc_impl import build_server, set_health
 from bridge.http_impl import OpsHttpServer
-from bridge.ingest import EdgeConnection
+from bridge.ingest import EdgeRegistry, IngestConfig
 from bridge.memtrim import release_free_heap
 from bridge.metrics import BridgeMetrics
 from bridge.processing import Processor
 from bridge.push_impl import SinkPusher
-from bridge.ring import Entry, Policy
-from bridge.session import Session, Stream, StreamKey
+from bridge.ring import Policy
 from bridge.settings import Settings
 from bridge.subscribers import SubscriberSet
 from bridge.tls import grpc_server_credentials
 from bridge.workers import WorkerPool
+from bridge.ws_impl import start_ws_server
 
 log = logging.getLogger("bridge.app")
 
@@ -50,7 +53,8 @@ def default_workers() -> int:
 
 
 class BridgeService:
-    """Owns every part of a running bridge; adapters reach shared state through it."""
+    """Builds the parts, wires each adapter to its port, and owns start and shutdown. No adapter
+    imports this module: they see only the Protocols in ``bridge.ports``."""
 
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
         self.settings = settings
@@ -61,6 +65,7 @@ class BridgeService:
             max_points=settings.max_points,
             max_streams_per_session=settings.max_streams_per_session,
         )
+        self.events = CoreEvents(self.metrics)
         self.core = BridgeCore(
             CoreConfig(
                 limits=self.limits,
@@ -71,21 +76,22 @@ class BridgeService:
                 ring_budget_bytes=settings.ring_budget_bytes,
                 ring_floor_bytes=settings.ring_floor_bytes,
             ),
-            self,
+            self.events,
         )
         self.core.auto_ack = not settings.sink_address
-        self.subscribers = SubscriberSet()
-        self.connections: set[EdgeConnection] = set()
-        self.draining = False
+        self.subscribers = SubscriberSet(self.core.egress)
+        self.edges = EdgeRegistry(
+            self.core, IngestConfig.from_settings(settings, self.limits), self.metrics
+        )
+        self.events.edges = self.edges
+        self.events.viewers = self.subscribers
         self.ready = False
         self.ports: BoundPorts | None = None
-        self.decimator: Decimator | None = None
-        self.cpu_decimator: Decimator | None = None
         self.pool = WorkerPool(settings.workers or default_workers())
         self.processor: Processor | None = None
+        self.capacity: Capacity | None = None
         self.pusher: SinkPusher | None = None
         self.adapter: Any = None  # bridge.resources.adapt.Adapter when available
-        self._space: dict[StreamKey, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self._ws_server: WsServer | None = None
@@ -93,105 +99,49 @@ class BridgeService:
         self._health: Any = None
         self._http: OpsHttpServer | None = None
         self._baseline_rss = _rss_bytes()
-        self._trim_after_shrink = False
-
-    # -- Listener (called synchronously by the core) -----------------------------------------
-    def on_space(self, stream: Stream) -> None:
-        event = self._space.get(stream.key)
-        if event is not None:
-            event.set()
-
-    def on_acks(self, session: Session) -> None:
-        conn = session.connection
-        if isinstance(conn, EdgeConnection):
-            conn.acks_due.set()
-            if session.ack_urgent:
-                conn.acks_urgent.set()
-
-    def on_work(self) -> None:
-        if self.processor is not None:
-            self.processor.kick()
-
-    def on_committed(self, entries: list[tuple[Stream, Entry]]) -> None:
-        dropped = self.subscribers.fanout(entries)
-        if dropped:
-            self.metrics.subscriber_dropped.inc(dropped)
-        if self.pusher is not None:
-            self.pusher.wake()
-
-    def on_evicted(self, stream: Stream, count: int) -> None:
-        self.metrics.frames_dropped.labels("drop_oldest").inc(count)
-
-    def on_delivered(self, entries: list[Entry]) -> None:
-        self.metrics.frames_delivered.inc(len(entries))
-        now = time.time_ns()
-        for entry in entries:
-            self.metrics.e2e_latency.observe(max(0, now - entry.ingest_ns) / 1e9)
-
-    def space_event(self, session: Session, stream_id: str) -> asyncio.Event:
-        key = (session.device_id, stream_id)
-        event = self._space.get(key)
-        if event is None:
-            event = self._space[key] = asyncio.Event()
-        return event
-
-    # -- AdaptTarget (driven by the resource adapter) -----------------------------------------
-    def resize_workers(self, workers: int) -> None:
-        if self.settings.workers:  # pinned by configuration: the plan does not override it
-            return
-        self.pool.resize(workers)
-        self.metrics.workers.set(workers)
-        if self.processor is not None:
-            self.processor.kick()
-
-    def set_ring_budget(self, total_bytes: int, per_stream_floor: int) -> None:
-        before = self.core.ring_capacity_per_stream
-        self.core.set_ring_budget(total_bytes, per_stream_floor)
-        self.metrics.ring_capacity.set(self.core.ring_capacity_per_stream)
-        if self.core.ring_capacity_per_stream < before:
-            self._trim_after_shrink = True  # see _housekeeping
-
-    def set_gpu_healthy(self, healthy: bool) -> None:
-        if self.processor is None or self.decimator is None:
-            return
-        if self.decimator.name != "cuda":
-            return
-        chosen = self.decimator if healthy else self.cpu_decimator
-        if chosen is not self.processor.decimator:
-            self.processor.set_decimator(chosen)
-            self._publish_backend(chosen)
-            log.warning(
-                "GPU %s: decimation backend now %s",
-                "healthy" if healthy else "unhealthy",
-                chosen.name if chosen else "none",
-            )
-
-    def active_streams(self) -> int:
-        return len(self.core.streams)
-
-    def memory_baseline_bytes(self) -> int:
-        return self._baseline_rss
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> BoundPorts:
+        """Start every part in order; when a step fails, what already started is closed again
+        (no listener or task outlives a failed start)."""
+        try:
+            return await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> BoundPorts:
         settings = self.settings
-        self.decimator = get_decimator(settings.decimate_backend)
-        self.cpu_decimator = (
-            self.decimator
-            if self.decimator.name != "cuda"
-            else get_decimator("c" if _has("c") else "numpy")
+        if settings.cuda_lib:
+            use_cuda_library(settings.cuda_lib)
+        decimator = get_decimator(settings.decimate_backend)
+        cpu_decimator = (
+            decimator if decimator.name != "cuda" else get_decimator("c" if _has("c") else "numpy")
         )
-        self._publish_backend(self.decimator)
+        self.metrics.publish_backend(decimator.name)
         self.processor = Processor(
             self.core,
             self.pool,
-            self.decimator,
+            decimator,
             depth=settings.worker_depth,
             on_done=self._on_processed,
         )
+        self.events.work = self.processor.notify
+        self.capacity = Capacity(
+            self.core,
+            self.pool,
+            self.processor,
+            self.metrics,
+            decimator=decimator,
+            cpu_decimator=cpu_decimator,
+            pinned_workers=bool(settings.workers),
+            baseline_rss=self._baseline_rss,
+        )
         self.metrics.workers.set(self.pool.size)
         self.metrics.ring_capacity.set(self.core.ring_capacity_per_stream)
-        self._grpc_server, self._health = build_server(self)
+        self._grpc_server, self._health = build_server(
+            settings, self.edges, self.subscribers, self.metrics
+        )
         grpc_address = f"{settings.host}:{settings.grpc_port}"
         credentials = grpc_server_credentials(settings)
         grpc_port = (
@@ -200,9 +150,7 @@ class BridgeService:
             else self._grpc_server.add_insecure_port(grpc_address)
         )
         await self._grpc_server.start()
-        from bridge.ws_impl import start_ws_server
-
-        self._ws_server = await start_ws_server(self, settings.host, settings.ws_port)
+        self._ws_server = await start_ws_server(self.edges, settings, self.metrics)
         ws_port = next(iter(self._ws_server.sockets)).getsockname()[1]
         self._http = OpsHttpServer(
             self.registry,
@@ -213,10 +161,11 @@ class BridgeService:
         http_port = await self._http.start(settings.host, settings.http_port)
         self.ports = BoundPorts(ws=ws_port, grpc=grpc_port, http=http_port)
         if settings.sink_address:
-            self.pusher = SinkPusher(self, settings.sink_address)
+            self.pusher = SinkPusher(self.core, settings, self.metrics)
+            self.events.committed = self.pusher.wake
             self._spawn(self.pusher.run(), "sink-pusher")
         self._spawn(self._housekeeping(), "housekeeping")
-        await self._start_adapter()
+        await self._start_adapter(self.capacity)
         await set_health(self._health, True)
         self.ready = True
         self.metrics.ready.set(1)
@@ -226,28 +175,19 @@ class BridgeService:
             "/v1/ingest",
             grpc_port,
             http_port,
-            self.decimator.name,
+            decimator.name,
             self.pool.size,
             settings.sink_address or "(none: auto-ack)",
         )
         return self.ports
 
-    async def _start_adapter(self) -> None:
+    async def _start_adapter(self, target: Capacity) -> None:
         """Watch cgroup limits (and the own Pod / GPU where present) and re-plan live."""
         if not self.settings.adapt:
             return
-        from bridge.resources.adapt import Adapter, AdapterSettings
-        from bridge.resources.plan import PlanSettings
+        from bridge.resources.adapt import Adapter
 
-        self.adapter = Adapter.from_env(
-            self,
-            self.registry,
-            settings=AdapterSettings(
-                poll_interval=self.settings.cgroup_poll_seconds,
-                pending_timeout=self.settings.resize_pending_timeout_seconds,
-                plan=PlanSettings(unlimited_memory_cap_bytes=self.settings.ring_budget_bytes),
-            ),
-        )
+        self.adapter = Adapter.from_settings(target, self.registry, self.settings)
         await self.adapter.start()
 
     def describe_resources(self) -> dict[str, Any]:
@@ -264,12 +204,6 @@ class BridgeService:
             info["adapter"] = self.adapter.describe()
         return info
 
-    def _publish_backend(self, decimator: Decimator | None) -> None:
-        for name in ("cuda", "c", "numpy"):
-            self.metrics.decimate_backend.labels(name).set(
-                1 if decimator is not None and decimator.name == name else 0
-            )
-
     def _on_processed(self, item: Any, spent: float, error: str | None) -> None:
         if error is not None:
             self.metrics.processing_errors.inc()
@@ -284,10 +218,6 @@ class BridgeService:
             )
             self.metrics.decimation_seconds.labels(backend).observe(spent)
 
-    def spawn(self, coro: Any, name: str) -> None:
-        """Run a background task owned by the service (kept referenced, cancelled on close)."""
-        self._spawn(coro, name)
-
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
@@ -300,23 +230,18 @@ class BridgeService:
 
     async def _housekeeping(self) -> None:
         while True:
-            for session in self.core.expire(time.monotonic(), self.settings.session_ttl_seconds):
-                for stream in session.streams.values():
-                    self._space.pop(stream.key, None)
+            expired = self.core.expire(time.monotonic(), self.settings.session_ttl_seconds)
+            self.edges.forget(expired)
             self.metrics.ring_occupancy.set(self.core.buffered_bytes)
             self.metrics.ring_frames.set(self.core.buffered_frames)
-            if self._trim_after_shrink and self._rings_within_capacity():
+            capacity = self.capacity
+            if capacity is not None and capacity.trim_pending and capacity.rings_within_capacity():
                 # The shrink has drained: hand the freed heap back so memory.current falls and
                 # the kubelet's check for a pending memory decrease passes.
-                self._trim_after_shrink = False
+                capacity.trim_pending = False
                 released = await asyncio.to_thread(release_free_heap)
                 log.info("ring shrink drained; free heap %s", "released" if released else "kept")
             await asyncio.sleep(0.25)
-
-    def _rings_within_capacity(self) -> bool:
-        return all(
-            s.ring.occupancy_bytes <= s.ring.capacity_bytes for s in self.core.streams.values()
-        )
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -329,22 +254,19 @@ class BridgeService:
         settings = self.settings
         self.ready = False
         self.metrics.ready.set(0)
-        self.draining = True
         if self._health is not None:
             await set_health(self._health, False)
         log.info(
             "draining: %d edges, %d frames buffered",
-            len(self.connections),
+            len(self.edges),
             self.core.buffered_frames,
         )
-        await asyncio.gather(*(c.drain() for c in list(self.connections)))
-        for event in self._space.values():
-            event.set()  # wake admissions blocked on backpressure: they give up while draining
+        await self.edges.drain()
         deadline = time.monotonic() + settings.drain_grace_seconds
         while self.core.buffered_frames and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.02)  # polling a count: simpler than an event per ack
         delivered_all = self.core.buffered_frames == 0
-        await asyncio.gather(*(c.final_acks() for c in list(self.connections)))
+        await self.edges.final_acks()
         if not delivered_all:
             log.warning(
                 "grace period over with %d frames undelivered (edges will resend them)",
@@ -355,14 +277,12 @@ class BridgeService:
         return delivered_all
 
     async def close(self) -> None:
-        """Stop everything now (idempotent)."""
+        """Stop everything now (idempotent, and safe after a partial start)."""
         self.ready = False
         if self.adapter is not None:
             await self.adapter.stop()
             self.adapter = None
-        for conn in list(self.connections):
-            with contextlib.suppress(Exception):
-                await conn.transport.close_going_away()
+        await self.edges.close()
         if self._ws_server is not None:
             self._ws_server.close()
             with contextlib.suppress(Exception):
@@ -378,7 +298,8 @@ class BridgeService:
         if self._http is not None:
             await self._http.close()
             self._http = None
-        self.pool.close(timeout=2.0)
+        # Joining worker threads blocks: off the loop (the loop guard in tests caught it).
+        await asyncio.to_thread(self.pool.close, 2.0)
 
 
 def _has(backend: str) -> bool:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 
 from bridge import logs
@@ -75,10 +77,21 @@ async def _serve_async(settings: settings_mod.Settings) -> bool:
     ports = service.ports
     assert ports is not None
     # One machine-readable line so supervisors (tests, the demo) learn ports chosen with 0.
-    print(f"SIMBRIDGE_READY ws={ports.ws} grpc={ports.grpc} http={ports.http}", flush=True)
+    print(ready_line(ports.ws, ports.grpc, ports.http, settings.log_format), flush=True)
     await service.wait_stopped()
     await service.shutdown()
     return True
+
+
+def ready_line(ws: int, grpc: int, http: int, log_format: str) -> str:
+    """``SIMBRIDGE_READY ws=.. grpc=.. http=..``; with ``--log-format json`` the same facts as one
+    JSON object (``"msg": "SIMBRIDGE_READY"``), so a JSON log pipeline never sees plain text."""
+    if log_format != "json":
+        return f"SIMBRIDGE_READY ws={ws} grpc={grpc} http={http}"
+    now = time.time()
+    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    entry = {"ts": ts, "level": "info", "logger": "bridge.cli", "msg": "SIMBRIDGE_READY"}
+    return json.dumps({**entry, "ws": ws, "grpc": grpc, "http": http})
 
 
 def _resources(argv: list[str]) -> int:
@@ -94,15 +107,25 @@ def _decimate(argv: list[str]) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="simbridge bench", description="Benchmarks for humans.")
-    parser.add_argument("what", choices=["decimate"], help="which benchmark")
-    _ns, rest = parser.parse_known_args(argv)
-    try:  # benchmarks/ ships with the source tree, not with the server package
-        from benchmarks.decimate import main as bench_main
-    except ImportError as exc:
-        print(f"simbridge bench needs a source checkout (benchmarks/): {exc}", file=sys.stderr)
-        return 2
-    return bench_main(rest)
+    """``simbridge bench NAME [ARGS]``: ``--help`` after NAME is that benchmark's own help."""
+    parser = argparse.ArgumentParser(
+        prog="simbridge bench",
+        usage="simbridge bench NAME [ARGS ...]",
+        description="Benchmarks for humans. `simbridge bench NAME --help` describes one and "
+        "its arguments.",
+    )
+    parser.add_argument("what", metavar="NAME", choices=["decimate"], help="one of: decimate")
+    if not argv or argv[0].startswith("-"):
+        parser.parse_args(argv)  # prints the usage (or -h) and exits
+    ns = parser.parse_args(argv[:1])
+    if ns.what == "decimate":
+        try:  # benchmarks/ ships with the source tree, not with the server package
+            from benchmarks.decimate import main as bench_main
+        except ImportError as exc:
+            print(f"simbridge bench needs a source checkout (benchmarks/): {exc}", file=sys.stderr)
+            return 2
+        return bench_main(argv[1:])
+    return 2  # pragma: no cover - argparse's choices admit nothing else
 
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {

@@ -15,7 +15,7 @@ from typing import Protocol, cast
 
 from bridge import codec
 from bridge.cloud import CloudLayout
-from bridge.egress import EgressLog
+from bridge.egress import EgressLog, Outgoing
 from bridge.errors import (
     InvalidLayout,
     ProtocolViolation,
@@ -65,6 +65,17 @@ class CoreConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Attached:
+    """What :meth:`BridgeCore.hello` decided: the session, the Welcome to send, and the
+    connection it replaced (a device reconnecting while its old connection looked alive: one
+    connection per session, the newest wins; the caller closes the old one)."""
+
+    session: Session
+    welcome: pb.Welcome
+    superseded: object | None
+
+
+@dataclass(frozen=True, slots=True)
 class WorkItem:
     """Everything a worker needs, immutable once handed off the event loop."""
 
@@ -90,7 +101,6 @@ class BridgeCore:
         self.streams: dict[StreamKey, Stream] = {}
         self.egress = EgressLog()
         self.auto_ack = False  # no sink configured: delivered once offered to subscribers
-        self.draining = False
         self._ring_budget = config.ring_budget_bytes
         self._ring_floor = max(config.ring_floor_bytes, config.limits.max_frame_bytes)
         self._work_queue: deque[Stream] = deque()  # streams with PENDING entries, round robin
@@ -102,8 +112,8 @@ class BridgeCore:
     def attached_sessions(self) -> int:
         return sum(1 for s in self.sessions.values() if s.attached)
 
-    def hello(self, hello: pb.Hello, connection: object) -> tuple[Session, pb.Welcome]:
-        """Attach a connection to a new or resumed session; returns the Welcome to send."""
+    def hello(self, hello: pb.Hello, connection: object) -> Attached:
+        """Attach a connection to a new or resumed session (see :class:`Attached`)."""
         if not hello.device_id:
             raise ProtocolViolation("Hello without a device_id")
         session = self.sessions.get(hello.resume_token) if hello.resume_token else None
@@ -128,6 +138,9 @@ class BridgeCore:
             )
         configs = {spec.stream_id: self._stream_config(spec) for spec in new_specs}
         resume = {r.stream_id: r.delivered_seq for r in hello.resume}
+        current = self.by_device.get(hello.device_id)
+        prior = current.connection if current is not None and current.attached else None
+        superseded = prior if prior is not None and prior is not connection else None
         self.sessions[session.session_id] = session
         self.by_device[session.device_id] = session
         for stream_id, cfg in configs.items():
@@ -155,7 +168,7 @@ class BridgeCore:
                 for s in session.streams.values()
             ],
         )
-        return session, welcome
+        return Attached(session, welcome, superseded)
 
     def _make_room_for_a_session(self) -> None:
         """Detached sessions are kept for resume, but never more than ``max_sessions`` of them:
@@ -303,8 +316,11 @@ class BridgeCore:
     def sink_ack(self, bridge_seq: int) -> list[Entry]:
         """Cumulative ack from the sink (or auto-ack): free ring entries, advance delivered.
 
-        Returns the entries delivered by this ack (for delivery metrics).
+        Returns the entries delivered by this ack (for delivery metrics); an ack at or below
+        the last one changes nothing.
         """
+        if bridge_seq <= self.egress.acked_bridge_seq:
+            return []
         touched: dict[StreamKey, Stream] = {}
         delivered: list[Entry] = []
         for stream, entry in self.egress.pop_acked(bridge_seq):
@@ -318,6 +334,21 @@ class BridgeCore:
             self._mark_dirty(stream, urgent=True)
             self.listener.on_space(stream)
         return delivered
+
+    # The delivery port (``bridge.ports.Delivery``), driven by the sink pusher.
+    def sink_connected(self, marks: list[tuple[StreamKey, int]]) -> None:
+        """A new sink stream announced what it holds: never resend that, replay the rest."""
+        self.sink_watermarks(marks)
+        self.egress.rewind()
+
+    def next_batch(self, limit: int) -> list[Entry]:
+        return self.egress.take_batch(limit)
+
+    def mark_sent(self, entry: Entry) -> Outgoing | None:
+        return self.egress.mark_sent(entry)
+
+    def sink_failed(self) -> None:
+        self.egress.clear_in_flight()
 
     def sink_watermarks(self, marks: list[tuple[StreamKey, int]]) -> None:
         """The sink already holds these (device, stream) seqs: never send them again."""

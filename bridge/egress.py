@@ -1,8 +1,10 @@
 """Egress log (sans-I/O): processed frames in commit order, until the sink acknowledges them.
 
 Every committed entry gets a ``bridge_seq`` (consecutive, starting at 1 for this process). The
-sink push adapter walks the log from a cursor and acknowledges cumulatively by ``bridge_seq``;
-after a reconnect it replays everything still in the log. Entries evicted by ``drop_oldest``
+log keeps the sink's send cursor and the ``in_flight`` marks itself (:meth:`rewind`,
+:meth:`take_batch`, :meth:`mark_sent`, :meth:`clear_in_flight`), so the push adapter only moves
+bytes; the sink acknowledges cumulatively by ``bridge_seq`` and after a reconnect everything still
+in the log is replayed. Entries evicted by ``drop_oldest``
 stay in the deque flagged ``removed`` and are skipped; the log only shrinks from the left.
 """
 
@@ -10,10 +12,20 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
 
 from bridge.ring import Entry, Gap
 from bridge.session import Stream
 from bridge.v1 import bridge_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One entry's wire bytes, marked in flight; ``replay`` when it was sent before."""
+
+    data: bytes
+    replay: bool
 
 
 class EgressLog:
@@ -21,6 +33,8 @@ class EgressLog:
         self._log: deque[tuple[Stream, Entry]] = deque()
         self.last_bridge_seq = 0
         self.acked_bridge_seq = 0
+        self._cursor = 0  # highest bridge_seq handed to the sink on this connection
+        self._sent_high = 0  # highest bridge_seq ever sent (to tell replays apart)
 
     def __len__(self) -> int:
         return len(self._log)
@@ -57,6 +71,28 @@ class EgressLog:
         """Drop leading entries that were evicted or acknowledged by watermark."""
         while self._log and self._log[0][1].removed:
             self._log.popleft()
+
+    # -- the sink's send cursor ---------------------------------------------------------------
+    def rewind(self) -> None:
+        """A new sink connection: send again from the oldest unacknowledged entry."""
+        self._cursor = self.acked_bridge_seq
+
+    def take_batch(self, limit: int) -> list[Entry]:
+        """Up to ``limit`` live entries after the send cursor, which moves past them."""
+        batch = [e for _, e in islice(self.entries_after(self._cursor), limit)]
+        if batch:
+            self._cursor = batch[-1].bridge_seq
+        return batch
+
+    def mark_sent(self, entry: Entry) -> Outgoing | None:
+        """``entry`` is being written to the sink: mark it in flight (a ring never evicts it
+        then) and return its bytes, or None when it was evicted since :meth:`take_batch`."""
+        if entry.removed:
+            return None
+        entry.in_flight = True
+        replay = entry.bridge_seq <= self._sent_high
+        self._sent_high = max(self._sent_high, entry.bridge_seq)
+        return Outgoing(frame_bytes(entry), replay)
 
     def clear_in_flight(self) -> None:
         """The sink connection is gone: nothing is in flight any more (all will be replayed)."""

@@ -1,18 +1,23 @@
-"""Exception hierarchy (why: one place maps every failure to a wire error and a metric reason).
+"""Exception hierarchy and the one table that maps each refusal to the wire (why: both transports
+and the metrics read the same row, so a WebSocket edge and a gRPC edge are told the same thing).
 
     BridgeError
     ├── ProtocolError         bad input from a peer; reported to that peer only
-    │   ├── MalformedMessage  not a valid message           (WS close 1007, INVALID_ARGUMENT)
-    │   ├── ProtocolViolation e.g. Frame before Hello       (WS close 1008, FAILED_PRECONDITION)
-    │   ├── UnknownStream     stream not declared in Hello  (Error msg, INVALID_ARGUMENT)
-    │   ├── InvalidLayout     PointCloud layout is wrong    (Error msg, INVALID_ARGUMENT)
-    │   ├── TooManyPoints     more points than allowed      (Error msg, RESOURCE_EXHAUSTED)
-    │   ├── FrameTooLarge     message above the max size    (WS close 1009, RESOURCE_EXHAUSTED)
-    │   ├── SeqRegression     seq going backwards           (Error msg, INVALID_ARGUMENT)
-    │   ├── TooManyStreams    streams per session > limit   (WS close 1008, RESOURCE_EXHAUSTED)
-    │   ├── TooManySessions   sessions > limit              (WS close 1008, RESOURCE_EXHAUSTED)
-    │   └── Unauthenticated   missing/wrong bearer token    (WS close 1008, UNAUTHENTICATED)
+    │   ├── MalformedMessage  not a valid message
+    │   ├── ProtocolViolation e.g. Frame before Hello
+    │   ├── UnknownStream     stream not declared in Hello
+    │   ├── InvalidLayout     PointCloud layout is wrong
+    │   ├── TooManyPoints     more points than allowed
+    │   ├── FrameTooLarge     message above the max size
+    │   ├── SeqRegression     seq going backwards
+    │   ├── TooManyStreams    streams per session > limit
+    │   ├── TooManySessions   sessions > limit
+    │   └── Unauthenticated   missing/wrong bearer token
     └── ConfigError           invalid settings (all problems listed at once)
+
+:data:`WIRE` gives, per ``reason``: the ``Error.code`` sent in the protobuf ``Error`` message, the
+WebSocket close code and the gRPC status used when the error is fatal, and whether it is fatal
+(non-fatal errors are reported with an ``Error`` message and the connection stays open).
 
 ``InvalidLayout`` and ``TooManyPoints`` also subclass ``ValueError``: the decimators raise them for
 bad arrays and callers that only know NumPy catch ``ValueError``.
@@ -20,16 +25,53 @@ bad arrays and callers that only know NumPy catch ``ValueError``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from bridge.v1 import bridge_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class WireError:
+    code: int  # bridge.v1.ErrorCode, in the Error message
+    ws_close: int  # WebSocket close code (fatal errors)
+    grpc_status: str  # grpc.StatusCode member name (fatal errors); no grpc import in the core
+    fatal: bool  # close the connection after reporting
+
+
+_POLICY, _INVALID_DATA, _TOO_BIG = 1008, 1007, 1009  # RFC 6455 close codes
+
+WIRE: dict[str, WireError] = {
+    "protocol": WireError(pb.ERROR_CODE_UNSPECIFIED, _POLICY, "INVALID_ARGUMENT", True),
+    "malformed": WireError(pb.MALFORMED, _INVALID_DATA, "INVALID_ARGUMENT", True),
+    "protocol_violation": WireError(pb.PROTOCOL_VIOLATION, _POLICY, "FAILED_PRECONDITION", True),
+    "unknown_stream": WireError(pb.UNKNOWN_STREAM, _POLICY, "INVALID_ARGUMENT", False),
+    "invalid_layout": WireError(pb.INVALID_LAYOUT, _POLICY, "INVALID_ARGUMENT", False),
+    "too_many_points": WireError(pb.TOO_MANY_POINTS, _POLICY, "RESOURCE_EXHAUSTED", False),
+    "too_large": WireError(pb.TOO_LARGE, _TOO_BIG, "RESOURCE_EXHAUSTED", True),
+    "seq_regression": WireError(pb.SEQ_REGRESSION, _POLICY, "INVALID_ARGUMENT", False),
+    "too_many_streams": WireError(pb.TOO_MANY_STREAMS, _POLICY, "RESOURCE_EXHAUSTED", True),
+    "too_many_sessions": WireError(pb.TOO_MANY_SESSIONS, _POLICY, "RESOURCE_EXHAUSTED", True),
+    "unauthenticated": WireError(pb.UNAUTHENTICATED, _POLICY, "UNAUTHENTICATED", True),
+}
+
 
 class BridgeError(Exception):
     """Base of every error simbridge raises on purpose."""
 
 
 class ProtocolError(BridgeError):
-    """A peer sent something we refuse. ``reason`` is the metric label and wire error name."""
+    """A peer sent something we refuse. ``reason`` is the metric label and the :data:`WIRE` key."""
 
     reason = "protocol"
-    fatal = True  # the connection is closed after reporting
+
+    @property
+    def wire(self) -> WireError:
+        return WIRE[self.reason]
+
+    @property
+    def fatal(self) -> bool:
+        """The connection is closed after reporting."""
+        return self.wire.fatal
 
 
 class MalformedMessage(ProtocolError):
@@ -42,17 +84,14 @@ class ProtocolViolation(ProtocolError):
 
 class UnknownStream(ProtocolError):
     reason = "unknown_stream"
-    fatal = False
 
 
 class InvalidLayout(ProtocolError, ValueError):
     reason = "invalid_layout"
-    fatal = False
 
 
 class TooManyPoints(ProtocolError, ValueError):
     reason = "too_many_points"
-    fatal = False
 
 
 class FrameTooLarge(ProtocolError):
@@ -61,7 +100,6 @@ class FrameTooLarge(ProtocolError):
 
 class SeqRegression(ProtocolError):
     reason = "seq_regression"
-    fatal = False
 
 
 class TooManyStreams(ProtocolError):

@@ -11,42 +11,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from bridge.errors import (
-    FrameTooLarge,
-    ProtocolError,
-    ProtocolViolation,
-    TooManyPoints,
-    TooManySessions,
-    TooManyStreams,
-    Unauthenticated,
-)
-from bridge.ingest import EdgeConnection
+from bridge.errors import ProtocolError
+from bridge.metrics import BridgeMetrics
+from bridge.ports import Edges, Subscriptions
+from bridge.settings import Settings
 from bridge.subscribers import Subscriber
 from bridge.v1 import bridge_pb2 as pb
-
-if TYPE_CHECKING:
-    from bridge.app import BridgeService as Hub
 
 log = logging.getLogger("bridge.grpc")
 
 SERVICE_INGEST = "bridge.v1.Ingest"
 SERVICE_VISUALIZATION = "bridge.v1.Visualization"
-
-
-def status_code(error: ProtocolError) -> grpc.StatusCode:
-    if isinstance(error, FrameTooLarge | TooManyPoints | TooManyStreams | TooManySessions):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if isinstance(error, ProtocolViolation):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(error, Unauthenticated):
-        return grpc.StatusCode.UNAUTHENTICATED
-    return grpc.StatusCode.INVALID_ARGUMENT
 
 
 class GrpcTransport:
@@ -74,7 +55,7 @@ class GrpcTransport:
             raise ConnectionError(f"{type(exc).__name__}: {exc}") from None
 
     async def reject(self, error: ProtocolError) -> None:
-        self.context.set_code(status_code(error))
+        self.context.set_code(grpc.StatusCode[error.wire.grpc_status])
         self.context.set_details(str(error))
 
     async def close_going_away(self, reason: str = "bridge shutting down") -> None:
@@ -93,8 +74,9 @@ def _bearer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     return ""
 
 
-def build_server(hub: Hub) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
-    settings = hub.settings
+def build_server(
+    settings: Settings, edges: Edges, subscribers: Subscriptions, metrics: BridgeMetrics
+) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
     # Receive cap: the largest frame plus protobuf framing; gRPC's own default (4 MiB) is too small.
     max_msg = settings.max_frame_bytes + 64 * 1024
     server = grpc.aio.server(
@@ -111,14 +93,13 @@ def build_server(hub: Hub) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
     async def connect(
         _request_iterator: object, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
-        conn = EdgeConnection(hub, GrpcTransport(context), header_token=_bearer(context))
-        await conn.run()
+        await edges.serve(GrpcTransport(context), _bearer(context))
 
     async def subscribe(
         request_bytes: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         request = pb.SubscribeRequest.FromString(request_bytes)
-        if len(hub.subscribers) >= settings.max_subscribers:
+        if len(subscribers) >= settings.max_subscribers:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many subscribers")
         queue_frames = min(
             request.queue_frames or settings.subscriber_queue_frames,
@@ -126,10 +107,10 @@ def build_server(hub: Hub) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
         )
         sub = Subscriber(set(request.stream_ids), queue_frames)
         try:
-            backlog = hub.subscribers.attach(sub, request.from_bridge_seq, hub.core.egress)
+            backlog = subscribers.attach(sub, request.from_bridge_seq)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
-        hub.metrics.subscribers.set(len(hub.subscribers))
+        metrics.subscribers.set(len(subscribers))
         try:
             for data in backlog:
                 yield data
@@ -139,8 +120,8 @@ def build_server(hub: Hub) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
                     return
                 yield item
         finally:
-            hub.subscribers.detach(sub)
-            hub.metrics.subscribers.set(len(hub.subscribers))
+            subscribers.detach(sub)
+            metrics.subscribers.set(len(subscribers))
 
     server.add_generic_rpc_handlers(
         (

@@ -1,9 +1,11 @@
-"""One edge connection, transport-agnostic: Hello → Welcome, then frames in and acks out.
+"""Edge connections, transport-agnostic: Hello → Welcome, then frames in and acks out.
 
-The WebSocket and gRPC adapters each wrap their connection in an :class:`EdgeTransport` and run
-:meth:`EdgeConnection.run`; every rule lives in the core, so both transports behave identically.
-Backpressure: when a ring is full this coroutine stops reading (the transport's own flow control
-then stops the sender) and tells the edge with ``FlowControl PAUSE`` / ``RESUME``.
+The WebSocket and gRPC adapters wrap each connection in an ``EdgeTransport`` and hand it to
+:meth:`EdgeRegistry.serve`; every rule lives in the core, so both transports behave identically.
+The registry owns what connections share: the live set, the per-stream "space freed" events, the
+ack wake-ups and the draining flag. Backpressure: when a ring is full a connection stops reading
+(the transport's own flow control then stops the sender) and tells the edge with
+``FlowControl PAUSE`` / ``RESUME``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import contextlib
 import hmac
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from bridge import codec
 from bridge.core import Offer
@@ -23,61 +26,154 @@ from bridge.errors import (
     ProtocolViolation,
     Unauthenticated,
 )
-from bridge.session import Session
+from bridge.metrics import BridgeMetrics
+from bridge.ports import EdgeTransport, IngestCore
+from bridge.session import Session, Stream, StreamKey
+from bridge.settings import Settings
 from bridge.v1 import bridge_pb2 as pb
-
-if TYPE_CHECKING:
-    from bridge.app import BridgeService as Hub
 
 log = logging.getLogger("bridge.ingest")
 
-ERROR_CODES: dict[str, int] = {
-    "malformed": pb.MALFORMED,
-    "protocol_violation": pb.PROTOCOL_VIOLATION,
-    "unknown_stream": pb.UNKNOWN_STREAM,
-    "invalid_layout": pb.INVALID_LAYOUT,
-    "too_large": pb.TOO_LARGE,
-    "too_many_points": pb.TOO_MANY_POINTS,
-    "seq_regression": pb.SEQ_REGRESSION,
-    "too_many_streams": pb.TOO_MANY_STREAMS,
-    "too_many_sessions": pb.TOO_MANY_SESSIONS,
-    "unauthenticated": pb.UNAUTHENTICATED,
-}
+
+@dataclass(frozen=True, slots=True)
+class IngestConfig:
+    limits: codec.Limits
+    auth_token: str = ""
+    ack_interval_seconds: float = 0.01
+    ack_accepted_delay_seconds: float = 0.05
+    reconnect_after_ms: int = 1000
+
+    @classmethod
+    def from_settings(cls, settings: Settings, limits: codec.Limits) -> IngestConfig:
+        return cls(
+            limits=limits,
+            auth_token=settings.auth_token,
+            ack_interval_seconds=settings.ack_interval_seconds,
+            ack_accepted_delay_seconds=settings.ack_accepted_delay_seconds,
+            reconnect_after_ms=settings.reconnect_after_ms,
+        )
 
 
-class EdgeTransport(Protocol):
-    name: str
+class EdgeRegistry:
+    """Every attached edge connection and what they share (implements ``ports.Edges`` for the
+    transports and ``ports.EdgeEvents`` for the core)."""
 
-    async def recv(self) -> bytes | None:
-        """Next binary message, or None when the peer closed."""
+    def __init__(self, core: IngestCore, config: IngestConfig, metrics: BridgeMetrics) -> None:
+        self._core = core
+        self._config = config
+        self._metrics = metrics
+        self._connections: set[EdgeConnection] = set()
+        self._space: dict[StreamKey, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._draining = False
 
-    async def send(self, data: bytes) -> None: ...
+    def __len__(self) -> int:
+        return len(self._connections)
 
-    async def reject(self, error: ProtocolError) -> None:
-        """Report a fatal error the transport's way (close code / status) and end the call."""
+    @property
+    def draining(self) -> bool:
+        return self._draining
 
-    async def close_going_away(self, reason: str = "bridge shutting down") -> None: ...
+    async def serve(self, transport: EdgeTransport, header_token: str = "") -> None:
+        """Run one edge connection until it ends."""
+        conn = EdgeConnection(
+            self, self._core, self._config, self._metrics, transport, header_token=header_token
+        )
+        await conn.run()
+
+    # -- core notifications (EdgeEvents) --------------------------------------------------
+    def on_space(self, stream: Stream) -> None:
+        event = self._space.get(stream.key)
+        if event is not None:
+            event.set()
+
+    def on_acks(self, session: Session) -> None:
+        conn = session.connection
+        if isinstance(conn, EdgeConnection):
+            conn.wake_acks(urgent=session.ack_urgent)
+
+    def forget(self, sessions: list[Session]) -> None:
+        """The core expired these sessions: drop their space events."""
+        for session in sessions:
+            for key in [s.key for s in session.streams.values()]:
+                self._space.pop(key, None)
+
+    # -- used by connections ----------------------------------------------------------------
+    def space_event(self, key: StreamKey) -> asyncio.Event:
+        event = self._space.get(key)
+        if event is None:
+            event = self._space[key] = asyncio.Event()
+        return event
+
+    def register(self, conn: EdgeConnection) -> None:
+        self._connections.add(conn)
+
+    def unregister(self, conn: EdgeConnection) -> None:
+        self._connections.discard(conn)
+
+    def supersede(self, old: object) -> None:
+        if isinstance(old, EdgeConnection):
+            task = asyncio.create_task(old.supersede(), name="close-superseded")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def drain(self) -> None:
+        """Refuse new edges, send ``Drain`` to every edge, and wake admissions blocked on
+        backpressure (they give up while draining)."""
+        self._draining = True
+        await asyncio.gather(*(c.drain() for c in list(self._connections)))
+        for event in self._space.values():
+            event.set()
+
+    async def final_acks(self) -> None:
+        await asyncio.gather(*(c.final_acks() for c in list(self._connections)))
+
+    async def close(self) -> None:
+        """Close every connection now (going away)."""
+        for conn in list(self._connections):
+            with contextlib.suppress(Exception):
+                await conn.transport.close_going_away()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 class EdgeConnection:
-    def __init__(self, hub: Hub, transport: EdgeTransport, *, header_token: str = "") -> None:
-        self.hub = hub
+    def __init__(
+        self,
+        edges: EdgeRegistry,
+        core: IngestCore,
+        config: IngestConfig,
+        metrics: BridgeMetrics,
+        transport: EdgeTransport,
+        *,
+        header_token: str = "",
+    ) -> None:
+        self._edges = edges
+        self._core = core
+        self._config = config
+        self._metrics = metrics
         self.transport = transport
         self.header_token = header_token
         self.session: Session | None = None
-        self.acks_due = asyncio.Event()
-        self.acks_urgent = asyncio.Event()
+        self._acks_due = asyncio.Event()
+        self._acks_urgent = asyncio.Event()
         self._send_lock = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[Any] | None = None
         self._superseded = False
+
+    def wake_acks(self, *, urgent: bool) -> None:
+        self._acks_due.set()
+        if urgent:
+            self._acks_urgent.set()
 
     async def send(self, msg: pb.BridgeMessage) -> None:
         async with self._send_lock:
             await self.transport.send(msg.SerializeToString())
 
     async def run(self) -> None:
-        hub = self.hub
-        metrics = hub.metrics
+        core, edges, metrics = self._core, self._edges, self._metrics
         transport = self.transport.name
         metrics.connections.labels(transport).inc()
         self._task = asyncio.current_task()
@@ -87,25 +183,21 @@ class EdgeConnection:
             if raw is None:
                 return
             try:
-                msg = codec.decode_edge(raw, hub.limits)
+                msg = codec.decode_edge(raw, self._config.limits)
                 if msg.WhichOneof("kind") != "hello":
                     raise ProtocolViolation("the first message must be Hello")
                 self._authenticate(msg.hello)
-                if hub.draining:
+                if edges.draining:
                     await self.send(self._drain_message())
                     return
-                prior = hub.core.by_device.get(msg.hello.device_id)
-                superseded = prior.connection if prior is not None and prior.attached else None
-                self.session, welcome = hub.core.hello(msg.hello, self)
-                if isinstance(superseded, EdgeConnection) and superseded is not self:
-                    # The device reconnected while its old connection looked alive (half-open):
-                    # one connection per session, the newest wins.
-                    hub.spawn(superseded.supersede(), "close-superseded")
+                attached = core.hello(msg.hello, self)
+                self.session, welcome = attached.session, attached.welcome
+                edges.supersede(attached.superseded)
             except ProtocolError as exc:
                 await self._refuse(exc, fatal=True)
                 return
-            hub.connections.add(self)
-            metrics.sessions.set(hub.core.attached_sessions)
+            edges.register(self)
+            metrics.sessions.set(core.attached_sessions)
             await self.send(pb.BridgeMessage(welcome=welcome))
             log.info(
                 "session %s device %s attached over %s (%d streams, resumed=%s)",
@@ -130,14 +222,14 @@ class EdgeConnection:
         finally:
             if ack_task is not None:
                 ack_task.cancel()
-            hub.connections.discard(self)
+            edges.unregister(self)
             if self.session is not None:
-                hub.core.detach(self.session, self, time.monotonic())
-                metrics.sessions.set(hub.core.attached_sessions)
+                core.detach(self.session, self, time.monotonic())
+                metrics.sessions.set(core.attached_sessions)
             metrics.connections.labels(transport).dec()
 
     def _authenticate(self, hello: pb.Hello) -> None:
-        expected = self.hub.settings.auth_token
+        expected = self._config.auth_token
         if not expected:
             return
         offered = hello.auth_token or self.header_token
@@ -145,8 +237,7 @@ class EdgeConnection:
             raise Unauthenticated("missing or wrong bearer token")
 
     async def _read_loop(self) -> None:
-        hub = self.hub
-        metrics = hub.metrics
+        metrics = self._metrics
         transport = self.transport.name
         assert self.session is not None
         while True:
@@ -157,11 +248,11 @@ class EdgeConnection:
             metrics.bytes_received.labels(transport).inc(len(raw))
             frame: pb.Frame | None = None
             try:
-                msg = codec.decode_edge(raw, hub.limits)
+                msg = codec.decode_edge(raw, self._config.limits)
                 if msg.WhichOneof("kind") != "frame":
                     raise ProtocolViolation("Hello may only be sent once per connection")
                 frame = msg.frame
-                if hub.draining:
+                if self._edges.draining:
                     continue  # not accepted, not acked: the edge resends it after reconnecting
                 await self._admit(frame, len(raw))
             except ProtocolError as exc:
@@ -171,25 +262,25 @@ class EdgeConnection:
                 await self._refuse(exc, fatal=False, frame=frame)
 
     async def _admit(self, frame: pb.Frame, size: int) -> None:
-        hub = self.hub
+        core, metrics = self._core, self._metrics
         assert self.session is not None
         paused = False
         while True:
-            space = hub.space_event(self.session, frame.stream_id)
+            space = self._edges.space_event((self.session.device_id, frame.stream_id))
             space.clear()
-            outcome = hub.core.offer(self.session, frame, size, time.time_ns())
+            outcome = core.offer(self.session, frame, size, time.time_ns())
             if outcome is Offer.ACCEPTED:
-                hub.metrics.frames_accepted.inc()
+                metrics.frames_accepted.inc()
                 break
             if outcome is Offer.DUPLICATE:
-                hub.metrics.frames_duplicate.inc()
+                metrics.frames_duplicate.inc()
                 break
             if not paused:
                 paused = True
-                if not hub.core.fits(self.session, frame, size):
+                if not core.fits(self.session, frame, size):
                     # Only after a live shrink below one frame: wait for the budget to grow.
                     log.warning("frame of %d bytes exceeds the ring capacity; waiting", size)
-                hub.metrics.backpressure.inc()
+                metrics.backpressure.inc()
                 await self.send(
                     pb.BridgeMessage(
                         flow_control=pb.FlowControl(
@@ -198,7 +289,7 @@ class EdgeConnection:
                     )
                 )
             await space.wait()
-            if hub.draining:
+            if self._edges.draining:
                 return
         if paused:
             await self.send(
@@ -212,7 +303,7 @@ class EdgeConnection:
     async def _refuse(
         self, exc: ProtocolError, *, fatal: bool, frame: pb.Frame | None = None
     ) -> None:
-        self.hub.metrics.rejected.labels(self.transport.name, exc.reason).inc()
+        self._metrics.rejected.labels(self.transport.name, exc.reason).inc()
         log.info("refused input from %s: %s (%s)", self.transport.name, exc, exc.reason)
         if fatal:
             # An Error message first where the transport can still carry it, then the close.
@@ -229,7 +320,7 @@ class EdgeConnection:
     ) -> pb.BridgeMessage:
         return pb.BridgeMessage(
             error=pb.Error(
-                code=ERROR_CODES.get(exc.reason, pb.ERROR_CODE_UNSPECIFIED),  # type: ignore[arg-type]
+                code=exc.wire.code,  # type: ignore[arg-type]
                 message=str(exc),
                 stream_id=frame.stream_id if frame is not None else "",
                 seq=frame.seq if frame is not None else 0,
@@ -242,18 +333,18 @@ class EdgeConnection:
         up to ``ack_accepted_delay_seconds`` for a delivered one to share the message (halves
         the acks on a busy connection, where each frame would otherwise be acked twice)."""
         assert self.session is not None
-        settings = self.hub.settings
-        interval = settings.ack_interval_seconds
+        config = self._config
+        interval = config.ack_interval_seconds
         while True:
-            await self.acks_due.wait()
-            if not self.acks_urgent.is_set():
+            await self._acks_due.wait()
+            if not self._acks_urgent.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
-                        self.acks_urgent.wait(), settings.ack_accepted_delay_seconds
+                        self._acks_urgent.wait(), config.ack_accepted_delay_seconds
                     )
-            self.acks_due.clear()
-            self.acks_urgent.clear()
-            ack = self.hub.core.take_acks(self.session)
+            self._acks_due.clear()
+            self._acks_urgent.clear()
+            ack = self._core.take_acks(self.session)
             if ack is not None:
                 await self.send(pb.BridgeMessage(ack=ack))
             await asyncio.sleep(interval)
@@ -261,7 +352,7 @@ class EdgeConnection:
     def _drain_message(self) -> pb.BridgeMessage:
         return pb.BridgeMessage(
             drain=pb.Drain(
-                reconnect_after_ms=self.hub.settings.reconnect_after_ms, reason="shutting down"
+                reconnect_after_ms=self._config.reconnect_after_ms, reason="shutting down"
             )
         )
 
@@ -282,7 +373,7 @@ class EdgeConnection:
         """Flush the last delivered_seq so the edge can discard what was delivered."""
         if self.session is None:
             return
-        ack = self.hub.core.take_acks(self.session)
+        ack = self._core.take_acks(self.session)
         if ack is not None:
             with contextlib.suppress(ConnectionError):
                 await self.send(pb.BridgeMessage(ack=ack))

@@ -1,7 +1,8 @@
 """The data plane's Prometheus metrics, registered on an injected registry (never the global).
 
-Names follow DESIGN §5: namespace ``bridge_``, base units, ``_total`` counters, no per-device
-labels on high-rate series (label values are small closed sets: transport, reason, backend).
+Names follow docs/design.md §5: namespace ``bridge_``, base units, ``_total`` counters, no
+per-device labels on high-rate series (label values are small closed sets: transport, reason,
+backend).
 """
 
 from __future__ import annotations
@@ -105,3 +106,8 @@ class BridgeMetrics:
             registry=r,
         )
         self.ready = Gauge("bridge_ready", "1 when ready to accept edges", registry=r)
+
+    def publish_backend(self, name: str | None) -> None:
+        """``bridge_decimate_backend{backend}``: 1 for the backend in use, 0 for the others."""
+        for backend in ("cuda", "c", "numpy"):
+            self.decimate_backend.labels(backend).set(1 if backend == name else 0)

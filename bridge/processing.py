@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable
 
+from bridge import wire
 from bridge.core import BridgeCore, WorkItem
 from bridge.decimate import Decimator
 from bridge.decimate.into import decimate_message, kernel_threads
@@ -26,19 +27,8 @@ Clock = Callable[[], int]
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-_POINT_CLOUD_TAG = bytes([(7 << 3) | 2])  # ProcessedFrame.point_cloud, length-delimited
+# ProcessedFrame.point_cloud's key, from the descriptor: a passthrough cloud is spliced in as is.
+_POINT_CLOUD_KEY = wire.field_key(pb.ProcessedFrame.DESCRIPTOR, "point_cloud")
 
 
 def needs_worker(item: WorkItem, decimator: Decimator | None) -> bool:
@@ -96,7 +86,7 @@ def process_frame(
     out.processed_time_ns = clock()
     raw_cloud = cloud.SerializeToString()
     return (
-        (out.SerializeToString(), _POINT_CLOUD_TAG, _varint(len(raw_cloud)), raw_cloud),
+        (out.SerializeToString(), wire.length_prefix(_POINT_CLOUD_KEY, len(raw_cloud)), raw_cloud),
         0.0,
         error,
     )
@@ -121,21 +111,33 @@ class Processor:
         self._on_done = on_done
         self._in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
+        self._scheduled = False
 
     def set_decimator(self, decimator: Decimator | None) -> None:
         """Swap the backend live (GPU unhealthy -> CPU); frames in flight finish as they were."""
         self.decimator = decimator
 
-    def kick(self) -> None:
-        """Dispatch as much work as the in-flight bound allows (call on the loop)."""
+    def notify(self) -> None:
+        """There is new work (or room for more): dispatch it soon, on a later loop callback.
+
+        The core calls this from inside ``offer``; processing right there would re-enter the
+        core (``take_work``/``complete``) and run fan-out and pushes on the ingest coroutine's
+        stack. One scheduled dispatch serves any number of notifications before it runs.
+        """
+        if self._scheduled:
+            return
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
+        self._scheduled = True
+        self._loop.call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._scheduled = False
+        self._fill()
+
+    def _fill(self) -> None:
+        """Dispatch as much work as the in-flight bound allows (on the loop, never from inside
+        a core call)."""
         limit = self.pool.size * self.depth
         while self._in_flight < limit:
             item = self.core.take_work()
@@ -150,13 +152,12 @@ class Processor:
                 continue
             threads = kernel_threads(self.pool.size, self._in_flight, _CPUS)
             self._in_flight += 1
-            self._idle.clear()
             self.pool.submit(self._task(item, self.decimator, threads))
 
     def _task(
         self, item: WorkItem, decimator: Decimator | None, threads: int = 1
     ) -> Callable[[], None]:
-        loop = self._loop
+        loop = self._loop or asyncio.get_running_loop()
         assert loop is not None
 
         def run() -> None:
@@ -180,9 +181,4 @@ class Processor:
         self.core.complete(item, data)
         if self._on_done is not None:
             self._on_done(item, spent, error)
-        if self._in_flight == 0:
-            self._idle.set()
-        self.kick()
-
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
+        self._fill()  # a loop callback of its own, not inside a core call

@@ -12,17 +12,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from itertools import islice
-from typing import TYPE_CHECKING
+import time
 
 import grpc
 
-from bridge.egress import frame_bytes
+from bridge.metrics import BridgeMetrics
+from bridge.ports import Delivery
+from bridge.ring import Entry
+from bridge.settings import Settings
 from bridge.tls import sink_channel_credentials
 from bridge.v1 import bridge_pb2 as pb
-
-if TYPE_CHECKING:
-    from bridge.app import BridgeService
 
 log = logging.getLogger("bridge.push")
 
@@ -31,12 +30,13 @@ _BATCH = 64
 
 
 class SinkPusher:
-    def __init__(self, service: BridgeService, address: str) -> None:
-        self.service = service
-        self.address = address
+    def __init__(self, delivery: Delivery, settings: Settings, metrics: BridgeMetrics) -> None:
+        self.delivery = delivery
+        self.settings = settings
+        self.metrics = metrics
+        self.address = settings.sink_address
         self._wake = asyncio.Event()
         self._connected = asyncio.Event()
-        self._sent_high = 0  # highest bridge_seq ever written (to count replays)
 
     def wake(self) -> None:
         self._wake.set()
@@ -46,7 +46,7 @@ class SinkPusher:
         return self._connected.is_set()
 
     async def run(self) -> None:
-        settings = self.service.settings
+        settings = self.settings
         attempt = 0
         max_msg = settings.max_frame_bytes + 64 * 1024
         options = [
@@ -59,7 +59,7 @@ class SinkPusher:
             ("grpc.max_reconnect_backoff_ms", int(settings.sink_backoff_max_seconds * 1000)),
         ]
         while True:
-            self.service.metrics.sink_reconnects.inc()
+            self.metrics.sink_reconnects.inc()
             credentials = sink_channel_credentials(settings)
             channel = (
                 grpc.aio.secure_channel(self.address, credentials, options=options)
@@ -74,8 +74,8 @@ class SinkPusher:
                     log.warning("sink %s: %s", self.address, _describe(exc))
                 finally:
                     self._connected.clear()
-                    self.service.metrics.sink_connected.set(0)
-                    self.service.core.egress.clear_in_flight()
+                    self.metrics.sink_connected.set(0)
+                    self.delivery.sink_failed()
             delay = min(
                 settings.sink_backoff_max_seconds,
                 settings.sink_backoff_initial_seconds * (2**attempt),
@@ -85,20 +85,18 @@ class SinkPusher:
 
     async def _session(self, channel: grpc.aio.Channel) -> bool:
         """One Push stream, until it fails. Returns True when the handshake succeeded."""
-        core = self.service.core
+        delivery = self.delivery
         push = channel.stream_stream(
             PUSH_METHOD, request_serializer=None, response_deserializer=pb.SinkAck.FromString
         )
         call = push(wait_for_ready=False)
-        first = await asyncio.wait_for(
-            call.read(), self.service.settings.sink_handshake_timeout_seconds
-        )
+        first = await asyncio.wait_for(call.read(), self.settings.sink_handshake_timeout_seconds)
         if first is grpc.aio.EOF:
             raise ConnectionError("sink closed the stream before its watermarks")
         assert isinstance(first, pb.SinkAck)
-        core.sink_watermarks([((w.device_id, w.stream_id), w.seq) for w in first.watermarks])
+        delivery.sink_connected([((w.device_id, w.stream_id), w.seq) for w in first.watermarks])
         self._connected.set()
-        self.service.metrics.sink_connected.set(1)
+        self.metrics.sink_connected.set(1)
         log.info("sink %s connected (%d watermarks)", self.address, len(first.watermarks))
         sender = asyncio.create_task(self._send_loop(call), name="sink-send")
         try:
@@ -108,34 +106,37 @@ class SinkPusher:
                     raise ConnectionError("sink ended the stream")
                 assert isinstance(ack, pb.SinkAck)
                 if ack.watermarks:
-                    core.sink_watermarks(
+                    delivery.sink_watermarks(
                         [((w.device_id, w.stream_id), w.seq) for w in ack.watermarks]
                     )
-                if ack.bridge_seq > core.egress.acked_bridge_seq:
-                    self.service.on_delivered(core.sink_ack(ack.bridge_seq))
+                if ack.bridge_seq:
+                    self._count_delivered(delivery.sink_ack(ack.bridge_seq))
         finally:
             sender.cancel()
             call.cancel()
 
     async def _send_loop(self, call: grpc.aio.StreamStreamCall[bytes, pb.SinkAck]) -> None:
-        core = self.service.core
-        cursor = core.egress.acked_bridge_seq
-        metrics = self.service.metrics
+        delivery = self.delivery
+        replayed = self.metrics.sink_replayed
         while True:
             self._wake.clear()
-            batch = list(islice(core.egress.entries_after(cursor), _BATCH))
+            batch = delivery.next_batch(_BATCH)
             if not batch:
                 await self._wake.wait()
                 continue
-            for _, entry in batch:
-                cursor = entry.bridge_seq
-                if entry.removed:
+            for entry in batch:
+                out = delivery.mark_sent(entry)
+                if out is None:  # evicted (drop_oldest) since the batch was taken
                     continue
-                entry.in_flight = True
-                if entry.bridge_seq <= self._sent_high:
-                    metrics.sink_replayed.inc()
-                self._sent_high = max(self._sent_high, entry.bridge_seq)
-                await call.write(frame_bytes(entry))
+                if out.replay:
+                    replayed.inc()
+                await call.write(out.data)
+
+    def _count_delivered(self, entries: list[Entry]) -> None:
+        self.metrics.frames_delivered.inc(len(entries))
+        now = time.time_ns()
+        for entry in entries:
+            self.metrics.e2e_latency.observe(max(0, now - entry.ingest_ns) / 1e9)
 
 
 def _describe(exc: BaseException) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from bridge.errors import ConfigError
+from bridge.settings_help import flag_help
 
 MiB = 1024 * 1024
 
@@ -65,6 +66,13 @@ class Settings:
     cgroup_poll_seconds: float = 0.05
     resize_pending_timeout_seconds: float = 60.0  # raise an Event when a resize pends this long
     adapt: bool = True  # re-plan workers / ring budgets / GPU from the limits the pod has
+    cgroup_root: str = ""  # a cgroup directory to watch instead of the own one (tests, demo)
+    kube_api: str = ""  # Kubernetes API base URL; empty = the in-cluster service account
+    kube_token_file: str = ""  # bearer token file for kube_api (re-read on every request)
+    pod_name: str = ""  # the own Pod (downward API); both empty = not watched
+    pod_namespace: str = ""
+    container_name: str = ""  # the bridge's container in the Pod; empty = "bridge", else the first
+    cuda_lib: str = ""  # the CUDA library to load; empty = _sbv_cuda.so next to the package
     # Operations
     tune_allocator: bool = True  # glibc: frames from the heap, trimmed after planned shrinks
     log_format: str = "text"  # text | json
@@ -98,6 +106,11 @@ _CHOICES = {
 }
 _PORTS = ("ws_port", "grpc_port", "http_port")
 _NON_NEGATIVE = ("workers", "ring_floor_bytes", "voxel_size", "reconnect_after_ms")
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a setting (the one naming rule: ``BRIDGE_`` + upper case)."""
+    return f"BRIDGE_{field.upper()}"
 
 
 def _convert(name: str, kind: type, raw: object) -> object:
@@ -162,7 +175,7 @@ def load(
             else:
                 merged[key] = value
     for name in types:
-        env_key = f"BRIDGE_{name.upper()}"
+        env_key = env_name(name)
         if env_key in env:
             merged[name] = env[env_key]
     for name, value in (flags or {}).items():
@@ -237,7 +250,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in fields(Settings):
         flag = "--" + f.name.replace("_", "-")
         kind = _types()[f.name]
-        help_text = f"(default {getattr(defaults, f.name)!r}; env BRIDGE_{f.name.upper()})"
+        help_text = flag_help(f.name, getattr(defaults, f.name), _CHOICES.get(f.name))
         if kind is bool:
             parser.add_argument(
                 flag,

@@ -49,14 +49,18 @@ class Subscriber:
 
 
 class SubscriberSet:
-    def __init__(self) -> None:
+    """Every attached viewer; the backlog a new one asks for comes from ``log``."""
+
+    def __init__(self, log: EgressLog) -> None:
+        self._log = log
         self._subs: set[Subscriber] = set()
 
     def __len__(self) -> int:
         return len(self._subs)
 
-    def attach(self, sub: Subscriber, from_bridge_seq: int, log: EgressLog) -> list[bytes]:
+    def attach(self, sub: Subscriber, from_bridge_seq: int) -> list[bytes]:
         """Register ``sub``; returns the backlog after ``from_bridge_seq`` (0 = live only)."""
+        log = self._log
         backlog: list[bytes] = []
         if from_bridge_seq:
             if from_bridge_seq + 1 < log.first_bridge_seq:

@@ -8,7 +8,23 @@ it; ``tests/unit/test_wire.py`` checks every splice against the real protobuf en
 
 from __future__ import annotations
 
-from google.protobuf.descriptor import Descriptor
+from collections.abc import Mapping
+from typing import Protocol
+
+
+class _Field(Protocol):
+    @property
+    def number(self) -> int: ...
+
+
+class Descriptor(Protocol):
+    """A generated message's ``DESCRIPTOR`` (pure-Python or upb: both fit)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def fields_by_name(self) -> Mapping[str, _Field]: ...
+
 
 WIRE_VARINT = 0
 WIRE_LEN = 2
@@ -56,7 +72,7 @@ def field_key(message: Descriptor, name: str, wire_type: int = WIRE_LEN) -> byte
 
 
 def key_byte(message: Descriptor, name: str, wire_type: int = WIRE_LEN) -> int:
-    """The single key byte of a field numbered below 16 (what a scanner compares with ``buf[0]``)."""
+    """The one key byte of a field numbered below 16 (what a scanner compares with ``buf[0]``)."""
     key = field_key(message, name, wire_type)
     if len(key) != 1:
         raise ValueError(f"{message.name}.{name} has a multi-byte key")

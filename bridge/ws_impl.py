@@ -1,15 +1,14 @@
 """WebSocket ingest adapter (``websockets`` asyncio server) at ``/v1/ingest``.
 
-Library defaults that bite a point-cloud relay are set deliberately (DESIGN §8): permessage-
-deflate off and ``max_size`` from settings. Fatal protocol errors close with 1007 (malformed),
-1009 (too big) or 1008 (policy); a draining bridge closes with 1001.
+Library defaults that bite a point-cloud relay are set deliberately (docs/design.md §2): permessage-
+deflate off and ``max_size`` from settings. Fatal protocol errors close with the code from
+``bridge.errors.WIRE``; a draining bridge closes with 1001.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-from typing import TYPE_CHECKING
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
@@ -18,23 +17,14 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
 from bridge.errors import FrameTooLarge, MalformedMessage, ProtocolError
-from bridge.ingest import EdgeConnection
+from bridge.metrics import BridgeMetrics
+from bridge.ports import Edges
+from bridge.settings import Settings
 from bridge.tls import server_ssl_context
-
-if TYPE_CHECKING:
-    from bridge.app import BridgeService as Hub
 
 log = logging.getLogger("bridge.ws")
 
 INGEST_PATH = "/v1/ingest"
-
-
-def close_code(error: ProtocolError) -> int:
-    if isinstance(error, MalformedMessage):
-        return int(CloseCode.INVALID_DATA)  # 1007
-    if isinstance(error, FrameTooLarge):
-        return int(CloseCode.MESSAGE_TOO_BIG)  # 1009
-    return int(CloseCode.POLICY_VIOLATION)  # 1008
 
 
 class WsTransport:
@@ -59,7 +49,7 @@ class WsTransport:
             raise ConnectionError(str(exc)) from None
 
     async def reject(self, error: ProtocolError) -> None:
-        await self.ws.close(close_code(error), str(error)[:120])
+        await self.ws.close(error.wire.ws_close, str(error)[:120])
 
     async def close_going_away(self, reason: str = "bridge shutting down") -> None:
         await self.ws.close(int(CloseCode.GOING_AWAY), reason)
@@ -70,13 +60,13 @@ def _bearer(headers: Headers) -> str:
     return value[7:] if value.lower().startswith("bearer ") else ""
 
 
-async def start_ws_server(hub: Hub, host: str, port: int) -> Server:
-    settings = hub.settings
+async def start_ws_server(edges: Edges, settings: Settings, metrics: BridgeMetrics) -> Server:
+    """Listen on ``settings.host:settings.ws_port``; each connection is served by ``edges``."""
 
     def check_path(conn: ServerConnection, request: Request) -> Response | None:
         if request.path.split("?", 1)[0] != INGEST_PATH:
             return conn.respond(404, f"WebSocket ingest is at {INGEST_PATH}\n")
-        if hub.draining:
+        if edges.draining:
             return conn.respond(503, "draining\n")
         return None
 
@@ -86,23 +76,22 @@ async def start_ws_server(hub: Hub, host: str, port: int) -> Server:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport = WsTransport(ws)
         token = _bearer(ws.request.headers) if ws.request is not None else ""
-        conn = EdgeConnection(hub, transport, header_token=token)
         try:
-            await conn.run()
+            await edges.serve(transport, token)
         except MalformedMessage as exc:  # a text frame: refuse like any malformed message
-            hub.metrics.rejected.labels("ws", exc.reason).inc()
+            metrics.rejected.labels("ws", exc.reason).inc()
             await transport.reject(exc)
         finally:
             # websockets enforces max_size itself (closing with 1009): count it here, whichever
             # of our reads or writes noticed the closed connection first.
             sent = ws.protocol.close_sent
             if sent is not None and sent.code == CloseCode.MESSAGE_TOO_BIG:
-                hub.metrics.rejected.labels("ws", FrameTooLarge.reason).inc()
+                metrics.rejected.labels("ws", FrameTooLarge.reason).inc()
 
     return await serve(
         handler,
-        host,
-        port,
+        settings.host,
+        settings.ws_port,
         process_request=check_path,
         compression=None,
         # websockets enforces the size (closing with 1009) before we ever see the bytes.

@@ -39,7 +39,7 @@ def register(cmd: Command) -> Command:
 
 
 def _run_async(coro: Coroutine[Any, Any, int]) -> int:
-    """Run on uvloop when it is installed (the loopback ceilings in DESIGN §8 assume it)."""
+    """Run on uvloop when it is installed (the loopback ceilings in docs/design.md §6 assume it)."""
     try:
         import uvloop
     except ImportError:
@@ -291,6 +291,9 @@ async def _publish_main(args: argparse.Namespace) -> int:
         _print(f"error: {exc}", sys.stderr)
         return 1
     _print(json.dumps(rep, indent=2) if args.json else format_publish_report(rep))
+    if rep["undelivered"]:  # a publisher that lost track of frames has not succeeded
+        _print(f"error: {rep['undelivered']} frame(s) not delivered", sys.stderr)
+        return 1
     return 0
 
 
@@ -310,7 +313,8 @@ register(
         "streams each at a fixed rate for a duration, on a schedule (latency counts from the "
         "scheduled send time, so a stalled bridge shows up as latency). Edges buffer every "
         "frame until the bridge reports it delivered, resend after reconnects, honour "
-        "pause/resume and drain. Prints a summary; exit 1 if the bridge cannot be reached.",
+        "pause/resume and drain. Prints a summary; exit 1 if the bridge cannot be reached or "
+        "frames are still undelivered after --drain-timeout.",
         configure=_configure_publish,
         run=_run_publish,
     )
@@ -341,7 +345,8 @@ register(
         "the resize plan is applied in place (backend local, kubesim or kubectl), then, unless "
         "--baseline none, the same plan by restarting the bridge. Frames lost, duplicated, "
         "reordered, stalls, latency and time-to-adapt are accounted per phase from the sink's "
-        "record; the report (JSON + PNG) goes to --out.",
+        "record; the report (JSON + PNG) goes to --out. With --target, drive a bridge that "
+        "already runs instead (see the 'external bridge' options).",
         configure=_scen.configure_run,
         run=_scen.run_command,
     )
@@ -379,3 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command].run(args)
     except KeyboardInterrupt:
         return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -18,11 +18,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loadgen import report as report_mod
 from loadgen.resize import BACKENDS
-from loadgen.scenario import BUILTINS, Scenario, ScenarioError, builtin, load
+from loadgen.scenario import BUILTINS, Scenario, ScenarioError, builtin, load, override
+
+if TYPE_CHECKING:
+    from loadgen.external import Target
 
 
 class _Progress:
@@ -73,9 +76,8 @@ def _say(args: argparse.Namespace, text: str) -> None:
 def _scenario(args: argparse.Namespace) -> Scenario:
     if args.scenario and args.builtin:
         raise ScenarioError("arguments", ["give a scenario file or --builtin, not both"])
-    if args.scenario:
-        return load(args.scenario)
-    return builtin(args.builtin or "demo")
+    s = load(args.scenario) if args.scenario else builtin(args.builtin or "demo")
+    return override(s, duration_s=getattr(args, "duration", None))
 
 
 def _execute(args: argparse.Namespace, s: Scenario) -> int:
@@ -129,6 +131,38 @@ def configure_run(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--builtin", choices=BUILTINS, help="a built-in scenario instead of a file (default demo)"
     )
+    p.add_argument(
+        "--duration", type=float, metavar="S", help="publish for S seconds (overrides the scenario)"
+    )
+    ext = p.add_argument_group(
+        "external bridge",
+        "drive a bridge that already runs (e.g. in a cluster): no child bridge, no local sink; "
+        "delivery is what the bridge acknowledges to the edges; resize steps go to --pod through "
+        "kubectl with the current context (--backend and --baseline do not apply)",
+    )
+    ext.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="ws://HOST:PORT[/v1/ingest] or grpc://HOST:PORT; repeat to spread the edges "
+        "(edge i uses target i mod N)",
+    )
+    ext.add_argument("--pod", metavar="NAME", help="the bridge's Pod, for the scenario's resizes")
+    ext.add_argument("--namespace", metavar="NS", help="its namespace (default: the context's)")
+    ext.add_argument(
+        "--container", default="bridge", help="the container to resize (default %(default)s)"
+    )
+    ext.add_argument(
+        "--report", metavar="FILE", help="write the JSON report here (default: under --out)"
+    )
+    ext.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="give up (exit 1) if an edge gets no Welcome within S seconds (default %(default)s)",
+    )
     _common(p)
 
 
@@ -160,12 +194,63 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from loadgen.external import parse_target
+
     try:
         s = _scenario(args)
-    except ScenarioError as exc:
+        targets = [parse_target(t) for t in args.target]
+    except ValueError as exc:  # ScenarioError too
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if not targets and (args.pod or args.report or args.namespace):
+        print("error: --pod, --namespace and --report go with --target", file=sys.stderr)
+        return 2
+    if targets:
+        return _execute_external(args, s, targets)
     return _execute(args, s)
+
+
+def _execute_external(args: argparse.Namespace, s: Scenario, targets: list[Target]) -> int:
+    from loadgen.external import ExternalRun, KubectlResizer, check_scenario, format_report
+
+    problems = check_scenario(s) + (
+        ["the scenario resizes: give --pod (kubectl, current context)"]
+        if s.resizes and not args.pod
+        else []
+    )
+    if problems:
+        print(f"error: scenario {s.name}: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    try:
+        resizer = (
+            KubectlResizer(args.pod, namespace=args.namespace, container=args.container)
+            if args.pod
+            else None
+        )
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    _say(args, f"scenario {s.summary()}")
+    _say(args, "targets " + ", ".join(str(t) for t in targets))
+    with _Progress(not args.quiet) as progress:
+        run = ExternalRun(
+            s,
+            targets,
+            resizer=resizer,
+            progress=progress.update,
+            connect_timeout_s=args.connect_timeout,
+        )
+        try:
+            rep = asyncio.run(run.execute())
+        except (ConnectionError, TimeoutError, OSError, RuntimeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = Path(args.report) if args.report else Path(args.out) / f"{s.name}-{stamp}-external.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rep, indent=2) + "\n")
+    print(json.dumps(rep, indent=2) if args.json else format_report(rep) + f"\nreport: {path}")
+    return 0 if rep["ok"] else 1
 
 
 def configure_demo(p: argparse.ArgumentParser) -> None:

@@ -2,7 +2,8 @@
 
 Why several backends: the bridge learns its limits from cgroup files (and, in a cluster, from its
 own Pod), so the benchmark must change exactly those, in the order and with the refusals a real
-node has (FACTS §1.7, §2.3), or the comparison with a restart proves nothing.
+node has (docs/kubernetes.md: memory-decrease guard, write order), or the comparison with a
+restart proves nothing.
 
 ``local``
     The bridge runs as a child process with ``BRIDGE_CGROUP_ROOT`` pointing at a directory laid
@@ -76,7 +77,7 @@ def memory_quantity(n: int) -> str:
 
 
 def resize_body(cpu: float, memory: int) -> dict[str, Any]:
-    """A strategic-merge resize body (the shape of FACTS' ``resize-patch-body.json``):
+    """A strategic-merge resize body (the shape of ``tests/fixtures/k8s/resize-patch-body.json``):
     requests = limits, so the Guaranteed QoS class cannot change."""
     rl = {"cpu": cpu_quantity(cpu), "memory": memory_quantity(memory)}
     return {
@@ -358,9 +359,6 @@ class KubeSimBackend(LocalBackend):
             await self.sim.stop()
         await super().close()
 
-    def write_now(self, cpu: float | None, memory: int | None) -> None:
-        super().write_now(cpu, memory)
-
     @property
     def pod_path(self) -> str:
         return f"/api/v1/namespaces/{POD_NAMESPACE}/pods/{POD_NAME}"
@@ -515,7 +513,8 @@ def _resize_error(pod: dict[str, Any]) -> bool:
 
 
 def _converged(pod: dict[str, Any], body: dict[str, Any]) -> bool:
-    """FACTS §1.4: seen (observedGeneration) and finished (actual == desired, no condition)."""
+    """Seen (observedGeneration) and finished (actual == desired, no condition); see
+    docs/kubernetes.md, desired/allocated/actual."""
     meta, status = pod.get("metadata", {}), pod.get("status", {})
     if status.get("observedGeneration", 0) < meta.get("generation", 0):
         return False

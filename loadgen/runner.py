@@ -21,25 +21,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from loadgen import phases
-from loadgen.clouds import Open3DUnavailable, load_cloud, synthetic
+from loadgen.child import BridgeChild, wait_adapted
 from loadgen.edge import EdgeClient, PreparedPayload, StreamConfig
-from loadgen.record import FrameRecord, decode
 from loadgen.resize import Applied, LocalBackend, make_backend
 from loadgen.scenario import ResizeStep, Scenario
 from loadgen.sink import SinkServer
+from loadgen.steps import (
+    StepRecord,
+    edge_summary,
+    prepare_clouds,
+    read_record,
+    ttas_summary,
+)
+
+__all__ = ["MODES", "Run", "prepare_clouds", "read_record", "run_scenario"]
 
 MODES = ("in-place", "restart")
 #: a memory decrease "below usage" targets at least this much below the usage at that moment
@@ -48,232 +50,7 @@ ProgressFn = Callable[[dict[str, Any]], None]
 
 
 # ---------------------------------------------------------------------------------------------
-# The bridge as a child process
-
-
-class BridgeChild:
-    """``python -m bridge.cli serve`` with its stderr in a log file; ports from its READY line."""
-
-    def __init__(self, proc: subprocess.Popen[str], log: IO[str], log_path: Path) -> None:
-        self.proc = proc
-        self.log = log
-        self.log_path = log_path
-        self.ws = self.grpc = self.http = 0
-
-    @classmethod
-    async def start(
-        cls, env: dict[str, str], log_path: Path, ports: tuple[int, int, int] = (0, 0, 0)
-    ) -> BridgeChild:
-        cmd = [sys.executable, "-m", "bridge.cli", "serve", "--host", "127.0.0.1"]
-        cmd += ["--ws-port", str(ports[0]), "--grpc-port", str(ports[1])]
-        cmd += ["--http-port", str(ports[2])]
-        log = log_path.open("a")
-        proc = subprocess.Popen(  # noqa: ASYNC220  (spawning does not block; reads go to threads)
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env={**os.environ, **env},
-            start_new_session=True,  # a Ctrl-C at the console reaches us, not the bridge
-        )
-        child = cls(proc, log, log_path)
-        assert proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
-        except TimeoutError:
-            line = ""
-        if not line.startswith("SIMBRIDGE_READY"):
-            child.kill()
-            raise RuntimeError(
-                f"bridge did not start ({line.strip()!r}); log: {log_path}\n"
-                + log_path.read_text()[-2000:]  # noqa: ASYNC240  (failure path, small file)
-            )
-        kv = dict(item.split("=", 1) for item in line.split()[1:])
-        child.ws, child.grpc, child.http = int(kv["ws"]), int(kv["grpc"]), int(kv["http"])
-        return child
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def ports(self) -> tuple[int, int, int]:
-        return self.ws, self.grpc, self.http
-
-    async def stop(self, timeout: float = 30.0) -> int:  # noqa: ASYNC109
-        """SIGTERM (drain, then exit 0); SIGKILL if it does not exit within ``timeout``."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout)
-            except TimeoutError:
-                self.kill()
-        self._close_files()
-        return self.proc.returncode if self.proc.returncode is not None else -9
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._close_files()
-
-    def _close_files(self) -> None:
-        if self.proc.stdout is not None and not self.proc.stdout.closed:
-            self.proc.stdout.close()
-        if not self.log.closed:
-            self.log.close()
-
-    async def resources(self) -> dict[str, Any]:
-        """GET /debug/resources (the applied plan and where each value came from)."""
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection("127.0.0.1", self.http), 2.0
-        )
-        try:
-            writer.write(b"GET /debug/resources HTTP/1.1\r\nHost: bridge\r\n\r\n")
-            await writer.drain()
-            raw = await asyncio.wait_for(reader.read(), 2.0)
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-        body = raw.split(b"\r\n\r\n", 1)[1]
-        data: dict[str, Any] = json.loads(body)
-        return data
-
-
-def plan_of(resources: dict[str, Any]) -> dict[str, Any]:
-    """The applied plan's values (``{"workers": 2, ...}``) from a /debug/resources body."""
-    plan = (resources.get("adapter") or {}).get("plan") or {}
-    return {k: v["value"] for k, v in plan.items() if isinstance(v, dict) and "value" in v}
-
-
-def plan_matches(plan: dict[str, Any], cpu: float | None, memory: int | None) -> bool:
-    if cpu is not None:
-        have = plan.get("cpu_limit_cores")
-        if have is None or abs(have - cpu) > 1e-6:
-            return False
-    return memory is None or plan.get("memory_limit_bytes") == memory
-
-
-async def wait_adapted(
-    bridge: BridgeChild,
-    cpu: float | None,
-    memory: int | None,
-    timeout: float,  # noqa: ASYNC109
-) -> tuple[int | None, dict[str, Any]]:
-    """Poll /debug/resources every 20 ms until the applied plan shows the limits; return the
-    wall time (ns) it was first seen and the plan (None and the last plan on timeout)."""
-    deadline = time.monotonic() + timeout
-    plan: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, TimeoutError, ValueError, IndexError):
-            plan = plan_of(await bridge.resources())
-            if plan_matches(plan, cpu, memory):
-                return time.time_ns(), plan
-        await asyncio.sleep(0.02)
-    return None, plan
-
-
-class _EdgeClient(EdgeClient):
-    """Works around a leak in ``loadgen.edge._GrpcConn.close()`` (reported, not ours to edit):
-    it cancels the call but leaves the request generator blocked on its queue, so every gRPC
-    reconnect leaves a pending grpc ``_consume_request_iterator`` task behind, and asyncio prints
-    "Task was destroyed but it is pending!" / "aclose(): asynchronous generator is already
-    running" for each at exit (hundreds in a restart baseline). Ending the generator with the
-    queue's ``None`` sentinel before closing lets that task finish."""
-
-    async def _open(self) -> Any:
-        conn = await super()._open()
-        queue = getattr(conn, "_queue", None)
-        if isinstance(queue, asyncio.Queue):
-            close = conn.close
-
-            async def close_and_end_requests() -> None:
-                while not queue.empty():
-                    queue.get_nowait()
-                queue.put_nowait(None)
-                await close()
-
-            conn.close = close_and_end_requests
-        return conn
-
-
-# ---------------------------------------------------------------------------------------------
-# Payloads
-
-
-def prepare_clouds(s: Scenario) -> tuple[list[PreparedPayload], str]:
-    """The clouds the edges replay, and a sentence saying what they are. Files need Open3D;
-    without it the run uses synthetic clouds and says so (visible, not fatal)."""
-    if s.clouds:
-        files = s.cloud_files()
-        try:
-            loaded = [load_cloud(f) for f in files]
-            pts = sum(c.num_points for c in loaded) // max(1, len(loaded))
-            return [PreparedPayload.of(c.to_proto()) for c in loaded], (
-                f"{len(loaded)} file(s) replayed in a loop ({pts} points on average): "
-                + ", ".join(Path(f).name for f in files)
-            )
-        except Open3DUnavailable as exc:
-            note = f"SKIPPED cloud files (Open3D unavailable: {exc}); synthetic instead: "
-        except (OSError, ValueError) as exc:
-            note = f"SKIPPED cloud files ({exc}); synthetic instead: "
-    else:
-        note = ""
-    payloads = [
-        PreparedPayload.of(synthetic(s.points, s.seed + k, color=s.color).to_proto())
-        for k in range(4)
-    ]
-    kind = "xyz+rgb" if s.color else "xyz+intensity"
-    return payloads, note + f"synthetic lidar, {s.points} points ({kind}, seed {s.seed})"
-
-
-# ---------------------------------------------------------------------------------------------
 # One run
-
-
-@dataclass
-class StepRecord:
-    index: int
-    step: ResizeStep
-    applied: Applied | None = None
-    planned_ns: int | None = None  # the plan first showed the new memory (else cpu) limit
-    adapted_ns: int | None = None  # the plan showed all new limits (after they were written)
-    plan: dict[str, Any] = field(default_factory=dict)
-    restart_exit_code: int | None = None
-    error: str | None = None
-
-    def as_dict(self, t0_ns: int) -> dict[str, Any]:
-        a = self.applied
-
-        def rel(ns: int | None) -> float | None:
-            return None if ns is None else round((ns - t0_ns) / 1e9, 4)
-
-        tta = None
-        if a is not None and a.written_ns is not None and self.adapted_ns is not None:
-            tta = round(max(0, self.adapted_ns - a.written_ns) / 1e6, 3)
-        return {
-            "index": self.index,
-            "at_s": self.step.at_s,
-            "cpu": a.target_cpu if a else self.step.cpu,
-            "memory_bytes": a.target_memory if a else self.step.memory,
-            "below_usage": self.step.memory_below_usage,
-            "usage_at_request_bytes": a.usage_at_request if a else None,
-            "requested_s": rel(a.requested_ns if a else None),
-            "written_s": rel(a.written_ns if a else None),
-            "planned_s": rel(self.planned_ns),
-            "adapted_s": rel(self.adapted_ns),
-            "time_to_adapt_ms": tta,
-            "held": bool(a and a.held),
-            "hold_s": a.hold_s if a else None,
-            "resolved": bool(a and a.resolved and a.written_ns and self.adapted_ns),
-            "plan": {
-                k: self.plan.get(k)
-                for k in ("workers", "ring_budget_bytes", "cpu_limit_cores", "memory_limit_bytes")
-            },
-            "restart_exit_code": self.restart_exit_code,
-            "notes": (a.notes if a else []) + ([self.error] if self.error else []),
-        }
 
 
 class Run:
@@ -372,9 +149,9 @@ class Run:
             specs.append(StreamConfig("telemetry", kind="telemetry"))
         for i in range(self.s.edges):
             transport = self.s.transport_of(i)
-            url = bridge_url(transport, bridge)
+            url = bridge.url(transport)
             self.edges.append(
-                _EdgeClient(
+                EdgeClient(
                     transport,  # type: ignore[arg-type]
                     url,
                     f"edge-{i:03d}-{transport}",
@@ -672,43 +449,6 @@ def _rmtree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
-
-
-def bridge_url(transport: str, bridge: BridgeChild) -> str:
-    if transport == "ws":
-        return f"ws://127.0.0.1:{bridge.ws}/v1/ingest"
-    return f"127.0.0.1:{bridge.grpc}"
-
-
-def edge_summary(edges: list[EdgeClient]) -> dict[str, Any]:
-    keys = ("published", "sent", "resent", "acked_delivered", "disconnects", "reconnects")
-    out: dict[str, Any] = {k: sum(getattr(e.stats, k) for e in edges) for k in keys}
-    out["drains"] = sum(e.stats.drains for e in edges)
-    out["connect_failures"] = sum(e.stats.connect_failures for e in edges)
-    out["undelivered"] = sum(e.core.buffered_frames for e in edges)
-    out["by_transport"] = {
-        t: sum(1 for e in edges if e.transport == t) for t in sorted({e.transport for e in edges})
-    }
-    return out
-
-
-def ttas_summary(values: list[float]) -> dict[str, Any]:
-    xs = sorted(values)
-    if not xs:
-        return {"count": 0, "p50": None, "max": None}
-    return {"count": len(xs), "p50": phases.percentile(xs, 50), "max": xs[-1]}
-
-
-def read_record(path: Path) -> list[tuple[FrameRecord, bool]]:
-    """The sink's JSON-lines record, in arrival order (duplicates marked)."""
-    out: list[tuple[FrameRecord, bool]] = []
-    if not path.exists():
-        return out
-    with path.open() as f:
-        for line in f:
-            if line.endswith("\n"):
-                out.append(decode(line))
-    return out
 
 
 async def run_scenario(

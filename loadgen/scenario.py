@@ -18,7 +18,7 @@ import json
 import math
 import re
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ import yaml
 
 from bridge.resources.quantity import QuantityError, format_bytes, to_bytes, to_millicores
 
-BUILTINS = ("demo", "ci-short", "long")
+BUILTINS = ("demo", "ci-short", "long", "steady")
 TRANSPORTS = ("ws", "grpc", "mixed")
 BASELINES = ("restart", "none")
 
@@ -53,7 +53,7 @@ class ResizeStep:
     cpu: float | None = None
     memory: int | None = None
     #: ``memory: usage``: a limit just below what the bridge uses at that moment, the case the
-    #: kubelet holds (FACTS §1.7) and the bridge's cooperative downscale has to resolve
+    #: kubelet holds (docs/kubernetes.md) and the bridge's cooperative downscale has to resolve
     memory_below_usage: bool = False
 
     def describe(self) -> str:
@@ -313,6 +313,17 @@ def from_mapping(data: Any, source: str = "<scenario>", name: str | None = None)
     if problems:
         raise ScenarioError(source, problems)
     return Scenario(name=scenario_name, **values)
+
+
+def override(s: Scenario, *, duration_s: float | None = None) -> Scenario:
+    """``s`` with values from the command line, validated like a file's (``ScenarioError``)."""
+    if duration_s is None:
+        return s
+    out = replace(s, duration_s=duration_s)
+    problems = _check(out)
+    if problems:
+        raise ScenarioError(f"{s.name} with --duration {duration_s:g}", problems)
+    return out
 
 
 def _check_bridge_settings(extra: dict[str, Any]) -> list[str]:

@@ -1,6 +1,6 @@
 """Reference visualization sink: the gRPC server the bridge dials out to (VisualizationSink.Push).
 
-Why it exists: the sink is the source of truth for delivery (DESIGN §2). Tests and load runs
+Why it exists: the sink is the source of truth for delivery (docs/design.md §2). Tests and load runs
 need one that is strict and observable: it tells a (re)connecting bridge what it already
 holds (watermarks first on every Push stream), acknowledges cumulatively by ``bridge_seq`` only
 after a batch is durable, and counts every loss, duplicate, reorder and announced gap through
@@ -103,7 +103,7 @@ class SinkServer:
         self._on_frame = on_frame
         self._clock = clock
         self._lock = asyncio.Lock()
-        self._server: Any = None
+        self._server: grpc.aio.Server | None = None
         self.port = 0
         self.replayed = 0
         # Counters

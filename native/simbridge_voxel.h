@@ -3,7 +3,7 @@
  *
  * Both the CPU kernel (voxel_cpu.c, plain C + pthreads) and the CUDA kernel (voxel_cuda.cu)
  * implement this header; the CPython glue (voxel_module.c) and the ctypes loader
- * (bridge/decimate/cuda.py) call it. Contract (DESIGN.md section 3):
+ * (bridge/decimate/cuda.py) call it. Contract (docs/design.md section 3):
  *
  *   - points whose x, y or z is NaN/inf are dropped;
  *   - voxel key k = floor(p / voxel_size) per axis as int64, grid anchored at the origin;

@@ -1,6 +1,6 @@
 """Voxel-grid decimation of point clouds: NumPy reference, native C and CUDA backends.
 
-The contract (DESIGN.md §3) in one line: drop non-finite points, bin by
+The contract (docs/design.md §3) in one line: drop non-finite points, bin by
 ``floor(p / voxel_size)``, output the per-voxel mean of every field in key order. Callers use
 :func:`get_decimator` once at startup and call ``downsample`` from any worker thread.
 """

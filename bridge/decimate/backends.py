@@ -7,61 +7,17 @@ work on a host without a compiler, the C extension or a GPU.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Final
 
-import numpy as np
-
-from bridge.cloud import XYZ, CloudLayout, field_view, point_count
+from bridge.cloud import CloudLayout
 from bridge.decimate import reference
-from bridge.decimate._types import (
-    BackendUnavailable,
-    DecimationResult,
-    Decimator,
-    check_layout,
-    check_max_points,
-    check_voxel_size,
-    keys_in_float32,
-)
-from bridge.decimate.ladder import fit_budget
+from bridge.decimate._types import BackendUnavailable, DecimationResult, Decimator
+from bridge.decimate.budget import run_with_budget
 
 log = logging.getLogger("bridge.decimate")
 
 #: Preference order for "auto".
 PREFERENCE: Final = ("cuda", "c", "numpy")
-
-
-def _extent(layout: CloudLayout, data: bytes | memoryview) -> Callable[[], float]:
-    def largest() -> float:
-        biggest = 0.0
-        for axis in XYZ:
-            col = field_view(layout, data, axis).astype(np.float64)
-            col = np.abs(col[np.isfinite(col)])
-            if len(col):
-                biggest = max(biggest, float(col.max()))
-        return biggest
-
-    return largest
-
-
-def run_with_budget(
-    name: str,
-    run: Callable[[bytes | memoryview, float], tuple[bytes, int]],
-    layout: CloudLayout,
-    data: bytes | memoryview,
-    voxel_size: float,
-    max_points: int,
-) -> DecimationResult:
-    """Shared argument checks and the budget ladder around one backend's ``run``."""
-    check_layout(layout)
-    buf = reference.as_byte_buffer(data)
-    check_voxel_size(voxel_size, keys_in_float32(layout))
-    check_max_points(max_points)
-    point_count(layout, len(buf))
-    out, count, v = fit_budget(
-        lambda v: run(buf, v), float(voxel_size), max_points, _extent(layout, buf)
-    )
-    return DecimationResult(data=out, points=count, voxel_size=v, backend=name)
 
 
 class NumpyDecimator:
@@ -120,7 +76,9 @@ def _make(name: str, threads: int) -> Decimator:
 def get_decimator(name: str = "auto", *, threads: int = 1) -> Decimator:
     """The decimator called ``name``, or the best available one for ``"auto"``.
 
-    ``threads`` is the C kernel's thread count (the worker pool sets it). An explicitly named
+    ``threads`` splits one cloud across that many C kernel threads (default 1: the bridge runs
+    frames in parallel on its worker pool instead, one kernel thread each, and never passes it;
+    ``simbridge decimate --threads`` does). An explicitly named
     backend that cannot run here raises :class:`BackendUnavailable` with the reason.
     """
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:

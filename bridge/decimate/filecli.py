@@ -9,6 +9,8 @@ takes, which makes this command a quick way to preview a voxel size on a recorde
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -28,15 +30,79 @@ class FileError(Exception):
     """A file could not be read, converted or written (reported without a traceback)."""
 
 
+#: Output formats that keep only some attributes (Open3D's writers); .pcd and .ply keep them all.
+LOSSY_FORMATS = {
+    ".xyz": ("positions",),
+    ".xyzn": ("positions", "normals"),
+    ".xyzrgb": ("positions", "colors"),
+    ".pts": ("positions", "colors"),
+}
+WRITABLE = (".pcd", ".ply", *LOSSY_FORMATS)
+
+#: Library argument names as the user knows them (errors from the decimators name the former).
+_FLAG_NAMES = {"voxel_size": "--voxel", "max_points": "--max-points", "threads": "--threads"}
+
+
+def flag_names(message: str) -> str:
+    """Rewrite ``voxel_size``/``max_points``/``threads`` in an error message as this command's
+    flags, so the user reads what to change on the command line."""
+    return re.sub(r"\b(voxel_size|max_points|threads)\b", lambda m: _FLAG_NAMES[m[1]], message)
+
+
 def _open3d() -> Any:
     try:
         import open3d as o3d
-    except ImportError as exc:  # typically the missing libusb-1.0-0 (DESIGN.md §8)
+    except ImportError as exc:  # typically the missing libusb-1.0-0 (see the README)
         raise FileError(
             f"Open3D is needed for file I/O and cannot be imported: {exc} "
             "(pip install open3d; apt-get install libusb-1.0-0)"
         ) from None
+    # Open3D prints its own coloured warnings (e.g. "[Open3D WARNING] Write PCD failed") next to
+    # ours; this command says what went wrong itself.
+    o3d.utility.set_verbosity_level(o3d.utility.VerbosityLevel.Error)
     return o3d
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def _int_at_least(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def check_output(output: Path, attributes: list[str], drop_fields: bool) -> None:
+    """Refuse an output that cannot be written, or that would silently lose attributes."""
+    if not output.parent.is_dir():
+        raise FileError(f"{output}: no such directory: {output.parent}")
+    suffix = output.suffix.lower()
+    if suffix not in WRITABLE:
+        raise FileError(
+            f"{output}: unknown output format {suffix!r}; use one of {', '.join(WRITABLE)}"
+        )
+    kept = LOSSY_FORMATS.get(suffix)
+    lost = [a for a in attributes if kept is not None and a not in kept]
+    if lost and not drop_fields:
+        raise FileError(
+            f"{output}: {suffix} files store only {', '.join(kept or ())}; the input's "
+            f"{', '.join(lost)} would be lost. Write .pcd or .ply to keep them, or pass "
+            "--drop-fields to drop them."
+        )
 
 
 def _columns(pcd: Any) -> dict[str, npt.NDArray[Any]]:
@@ -104,9 +170,18 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("input", metavar="IN", type=Path, help="input point cloud file")
-    parser.add_argument("output", metavar="OUT", type=Path, help="output file (format by suffix)")
     parser.add_argument(
-        "--voxel", type=float, required=True, metavar="V", help="voxel edge in the cloud's units"
+        "output",
+        metavar="OUT",
+        type=Path,
+        help=f"output file; the suffix picks the format: {', '.join(WRITABLE)}",
+    )
+    parser.add_argument(
+        "--voxel",
+        type=_positive_float,
+        required=True,
+        metavar="V",
+        help="voxel edge in the cloud's units (a number > 0)",
     )
     parser.add_argument(
         "--backend",
@@ -115,14 +190,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="decimation backend (default auto: cuda > c > numpy, whichever is available)",
     )
     parser.add_argument(
-        "--threads", type=int, default=1, metavar="N", help="C kernel threads (default 1)"
+        "--threads",
+        type=_int_at_least(1),
+        default=1,
+        metavar="N",
+        help="C kernel threads, >= 1 (default 1)",
     )
     parser.add_argument(
         "--max-points",
-        type=int,
+        type=_int_at_least(0),
         default=0,
         metavar="N",
-        help="point budget: coarsen the voxel along x1, 1.5, 2, 3, 4, ... until it fits",
+        help="point budget: coarsen the voxel along x1, 1.5, 2, 3, 4, ... until it fits "
+        "(0 = none, the default)",
+    )
+    parser.add_argument(
+        "--drop-fields",
+        action="store_true",
+        help="allow an output format that keeps fewer attributes than the input has (.xyz keeps "
+        "only positions, .xyzrgb and .pts positions and colours); without it such a write is "
+        "refused",
     )
     parser.add_argument("--ascii", action="store_true", help="write a text file, not binary")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
@@ -131,12 +218,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> str:
     o3d = _open3d()
+    if not args.input.parent.is_dir():
+        raise FileError(f"{args.input}: no such directory: {args.input.parent}")
     if not args.input.is_file():
         raise FileError(f"{args.input}: no such file")
+    if not args.output.parent.is_dir():  # before reading a big input
+        raise FileError(f"{args.output}: no such directory: {args.output.parent}")
     pcd = o3d.t.io.read_point_cloud(str(args.input))
     if "positions" not in pcd.point or len(pcd.point.positions) == 0:
         raise FileError(f"{args.input}: no points read (unknown format or empty file)")
     cols = _columns(pcd)
+    check_output(args.output, list(cols), args.drop_fields)
+    if args.drop_fields and args.output.suffix.lower() in LOSSY_FORMATS:
+        kept = LOSSY_FORMATS[args.output.suffix.lower()]
+        cols = {name: arr for name, arr in cols.items() if name in kept}
     layout, data, order = pack_columns(cols)
     decimator = get_decimator(args.backend, threads=args.threads)
     start = time.perf_counter()
@@ -147,7 +242,7 @@ def run(args: argparse.Namespace) -> str:
     for name, arr in out_cols.items():
         out.point[name] = o3d.core.Tensor(np.ascontiguousarray(arr))
     if not o3d.t.io.write_point_cloud(str(args.output), out, write_ascii=args.ascii):
-        raise FileError(f"{args.output}: Open3D could not write this file (check the suffix)")
+        raise FileError(f"{args.output}: Open3D could not write this file")
     return (
         f"{args.input}: {len(cols['positions'])} points -> {args.output}: {result.points} points "
         f"(voxel {result.voxel_size:g}, backend {result.backend}, {elapsed * 1e3:.1f} ms)"
@@ -160,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run(args)
     except (FileError, BackendUnavailable, ValueError) as exc:
-        print(f"simbridge decimate: error: {exc}", file=sys.stderr)
+        print(f"simbridge decimate: error: {flag_names(str(exc))}", file=sys.stderr)
         return 1
     if not args.quiet:
         print(summary)

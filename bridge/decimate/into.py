@@ -28,8 +28,8 @@ from bridge.decimate.native_table import field_table
 from bridge.v1 import bridge_pb2 as pb
 from bridge.wire import field_key, length_prefix
 
-_CLOUD_KEY = field_key(pb.ProcessedFrame.DESCRIPTOR, "point_cloud")  # type: ignore[arg-type]
-_DATA_KEY = field_key(pb.PointCloud.DESCRIPTOR, "data")  # type: ignore[arg-type]
+_CLOUD_KEY = field_key(pb.ProcessedFrame.DESCRIPTOR, "point_cloud")
+_DATA_KEY = field_key(pb.PointCloud.DESCRIPTOR, "data")
 _local = threading.local()
 
 

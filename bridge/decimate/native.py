@@ -11,7 +11,7 @@ from __future__ import annotations
 from bridge.cloud import CloudLayout
 from bridge.decimate import _native
 from bridge.decimate._types import DecimationResult, VoxelKeyOverflow, check_layout
-from bridge.decimate.backends import run_with_budget
+from bridge.decimate.budget import run_with_budget
 from bridge.decimate.native_table import field_table
 
 

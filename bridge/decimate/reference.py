@@ -1,4 +1,4 @@
-"""The NumPy reference decimator: the readable statement of the contract (DESIGN.md §3).
+"""The NumPy reference decimator: the readable statement of the contract (docs/design.md §3).
 
 Every other backend is tested against this module. It is also the always-available fallback,
 so it avoids ``np.unique`` (a sort plus several passes) and per-voxel Python loops:

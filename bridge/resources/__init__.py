@@ -1,4 +1,4 @@
-"""Resource awareness and live adaptation (DESIGN §4).
+"""Resource awareness and live adaptation (docs/design.md §4).
 
 Sans-I/O core: :mod:`.quantity`, :mod:`.cgroup_parse`, :mod:`.pod` (Pod/ResourceClaim/ResourceSlice
 models), :mod:`.plan` (``make_plan``). Adapters: :mod:`.cgroup` (files → reading), :mod:`.poller`

@@ -1,10 +1,11 @@
 """``simbridge resources``: print what the bridge sees and where each value came from.
 
-Reads once: the cgroup (``BRIDGE_CGROUP_ROOT`` or the process's own), the own Pod with its
-ResourceClaims and ResourceSlices (when ``BRIDGE_POD_NAME``/``BRIDGE_POD_NAMESPACE`` and an API are
-configured), and NVML (when ``nvidia-ml-py`` is installed); then prints the plan the bridge would
-apply with default settings. Problems are printed, never fatal: exit status 0 unless the
-arguments are wrong.
+Reads once, with the bridge's own settings (``BRIDGE_*`` environment, ``BRIDGE_CONFIG``): the
+cgroup (``cgroup_root`` or the process's own), the own Pod with its ResourceClaims and
+ResourceSlices (when ``pod_name``/``pod_namespace`` and an API are configured), and NVML (when
+``nvidia-ml-py`` is installed); then prints the plan the bridge would apply with default
+settings. Problems are printed, never fatal: exit status 0 unless the arguments or settings are
+wrong.
 """
 
 from __future__ import annotations
@@ -12,27 +13,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
-from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from bridge import settings as settings_mod
+from bridge.errors import ConfigError
 from bridge.resources.adapt import affinity_cpus
 from bridge.resources.cgroup import open_cgroup
 from bridge.resources.describe import describe_plan, describe_snapshot, render_text
+from bridge.resources.from_settings import plan_settings
 from bridge.resources.gpu import GpuProbe
-from bridge.resources.kubeapi import KubeClient, KubeConfig, KubeError, own_pod_from_env
-from bridge.resources.plan import PlanSettings, make_plan
+from bridge.resources.kubeapi import KubeClient, KubeConfig, KubeError, own_pod
+from bridge.resources.plan import make_plan
 from bridge.resources.podsource import PodSource, PodUpdate
 from bridge.resources.snapshot import Snapshot, Sourced
+from bridge.settings import Settings
 
 
 async def _fetch_pod(
-    env: Mapping[str, str], wait_s: float
+    settings: Settings, wait_s: float
 ) -> tuple[PodUpdate | None, dict[str, Any] | None]:
-    config, ref = KubeConfig.from_env(env), own_pod_from_env(env)
+    config = KubeConfig.resolve(settings.kube_api, settings.kube_token_file)
+    ref = own_pod(settings.pod_name, settings.pod_namespace)
     if config is None or ref is None:
-        why = "no API configured" if config is None else "BRIDGE_POD_NAME/NAMESPACE not set"
+        why = "no API configured" if config is None else "pod_name/pod_namespace not set"
         return None, {"configured": False, "why": why}
     info: dict[str, Any] = {"configured": True, "api": config.base_url, "pod": "/".join(ref)}
     source = PodSource(KubeClient(config, timeout=wait_s), ref[0], ref[1], lambda u: None)
@@ -46,11 +51,10 @@ async def _fetch_pod(
     return update, info
 
 
-def collect(env: Mapping[str, str] | None = None, timeout: float = 5.0) -> dict[str, Any]:
+def collect(settings: Settings, timeout: float = 5.0) -> dict[str, Any]:
     """Read every source once; the dict that ``--json`` prints."""
-    env = os.environ if env is None else env
-    reading = open_cgroup(env).read()
-    update, pod_info = asyncio.run(_fetch_pod(env, timeout))
+    reading = open_cgroup(settings.cgroup_root).read()
+    update, pod_info = asyncio.run(_fetch_pod(settings, timeout))
     probe = GpuProbe.load()
     try:
         gpu = probe.read()
@@ -65,7 +69,11 @@ def collect(env: Mapping[str, str] | None = None, timeout: float = 5.0) -> dict[
     )
     out = describe_snapshot(snap)
     out["pod_source"] = pod_info
-    out["plan (default settings, no streams)"] = describe_plan(make_plan(snap, PlanSettings()))
+    out["plan"] = describe_plan(make_plan(snap, plan_settings(settings)))
+    out["plan_inputs"] = {
+        "ring_budget_bytes": settings.ring_budget_bytes,
+        "note": "the plan simbridge serve applies with these settings, before any stream connects",
+    }
     return out
 
 
@@ -79,8 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=5.0, help="seconds to wait for the Kubernetes API"
     )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="the bridge's YAML/TOML/JSON config file, as for serve (env BRIDGE_CONFIG)",
+    )
     args = parser.parse_args(argv)
-    data = collect(timeout=args.timeout)
+    try:  # the same BRIDGE_* environment (and BRIDGE_CONFIG file) as serve
+        settings = settings_mod.load(config_file=args.config)
+    except ConfigError as exc:
+        print(f"simbridge resources: {exc}", file=sys.stderr)
+        return 2
+    data = collect(settings, timeout=args.timeout)
     if args.json:
         json.dump(data, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")

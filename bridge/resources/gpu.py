@@ -6,7 +6,8 @@ NVML failure on a device marks that device unhealthy with the error text, so the
 decimator to the CPU instead of crashing on the next kernel launch.
 
 Inside a DRA-managed container NVML enumerates only the injected GPU, or the parent GPU plus the one
-MIG instance (FACTS §4.5); MIG instances are listed with ``is_mig`` and ``index`` ``"<gpu>/<mig>"``.
+MIG instance (docs/kubernetes.md, claims vs resize); MIG instances are listed with ``is_mig``
+and ``index`` ``"<gpu>/<mig>"``.
 The module is injectable (``GpuProbe(nvml=fake)``) so tests run without a GPU.
 """
 

@@ -1,4 +1,5 @@
-"""The resize plan: a pure function of a :class:`Snapshot` and :class:`PlanSettings` (DESIGN §4).
+"""The resize plan: a pure function of a :class:`Snapshot` and :class:`PlanSettings`
+(docs/design.md §4).
 
     workers   = clamp(ceil(cpu quota), 1, CPUs in the affinity set)
     ring      = fraction * (memory limit - measured baseline - headroom); unlimited → a fixed cap

@@ -2,7 +2,8 @@
 
 Each Pod object (initial GET, then every ADDED/MODIFIED watch event) is parsed into a
 :class:`~bridge.resources.pod.PodView` and handed to ``on_pod`` with the time it was seen.
-Claims are fetched once per claim name (a claim cannot change under a running pod, FACTS §0.4);
+Claims are fetched once per claim name (a claim cannot change under a running pod, see
+docs/kubernetes.md);
 slices are listed for our node when a claim first resolves. A failing slice list (no ClusterRole)
 leaves device attributes unknown and is reported in ``problems``, never fatal.
 

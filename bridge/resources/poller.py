@@ -1,7 +1,8 @@
 """asyncio poller: re-read the cgroup every ``interval`` seconds, call back only on a change.
 
 Why polling: cgroup limit files (``cpu.max``, ``memory.max``, v1 quota files) raise no inotify or
-poll events when the runtime rewrites them (see FACTS §2.5), so a resize is only visible by reading.
+poll events when the runtime rewrites them (see docs/kubernetes.md), so a resize is only visible
+by reading.
 At 50 ms a read of eight small files costs well under 1 % of a core (``make bench-adapt``).
 
 The reads are synchronous on the event loop on purpose: each is a few microseconds on sysfs or

@@ -12,16 +12,19 @@
 #   IMAGE=simbridge:dev         image to build and load; IMAGE_TARGET=cpu|gpu (Dockerfile target)
 #   SKIP_BUILD=1                reuse an IMAGE that is already built
 #   WITH_DRA=1                  install the DRA example driver (simulated GPUs) and give the bridge one
-#   DRA_MODE=extendedResource   or claimTemplate (to observe whether resize is rejected, FACTS §0.1)
+#   DRA_MODE=extendedResource   or claimTemplate (to observe whether resize is rejected, docs/kubernetes.md)
 #   DRA_EXAMPLE_DRIVER_REF=main git ref of kubernetes-sigs/dra-example-driver to install from
-#   POD_LEVEL=1                 use pod-level resources and resize spec.resources (1.36+)
+#   POD_LEVEL=1                 use pod-level resources and resize spec.resources (1.36+; refused for
+#                               a cluster config without the InPlacePodLevelResourcesVerticalScaling gate)
 #   CPU_TO=1500m                CPU limit after the resize (the chart starts at 500m, values-demo.yaml)
 #   DURATION=60 RESIZE_AT=20    load duration and when (seconds into the run) to resize
 #   RESIZE_AS_RESIZER=1         send the resize as the chart's resizer ServiceAccount (kubectl --as)
 #   DELETE_CLUSTER=1            delete the kind cluster at the end
+#   WS_TARGET=ws://... GRPC_TARGET=grpc://...   where the load generator sends (default: the pod's DNS name)
 #
 # Needs: docker, kind, kubectl (>= 1.32 for --subresource resize), helm (>= 3.14), git (WITH_DRA).
 # Not run on the project's CI (no container engine or cluster there); see deploy/kind/README.md.
+# Bash 3.2 safe: a possibly empty array is expanded as ${a[@]+"${a[@]}"} (set -u aborts on it < 4.4).
 set -euo pipefail
 
 K8S_MINOR="${1:-${K8S_MINOR:-1.36}}"
@@ -35,6 +38,12 @@ esac
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "${HERE}/../.." && pwd)"
+if [[ "${POD_LEVEL:-0}" == 1 ]] &&
+  ! grep -Eq '^ *InPlacePodLevelResourcesVerticalScaling: *true' "${HERE}/cluster-${K8S_MINOR}.yaml"; then
+  echo "POD_LEVEL=1 needs in-place pod-level resize (gate InPlacePodLevelResourcesVerticalScaling)," \
+    "which cluster-${K8S_MINOR}.yaml does not enable; use 1.36 or 1.37" >&2
+  exit 2
+fi
 CLUSTER="${CLUSTER:-simbridge-${K8S_MINOR//./}}"
 KIND_NODE_IMAGE="${KIND_NODE_IMAGE:-}"
 NS="${NS:-simbridge}"
@@ -57,6 +66,8 @@ FULLNAME="${RELEASE}-simbridge"
 POD="${FULLNAME}-0"
 HEADLESS="${FULLNAME}-headless"
 POD_DNS="${POD}.${HEADLESS}.${NS}.svc.cluster.local"
+WS_TARGET="${WS_TARGET:-ws://${POD_DNS}:8080/v1/ingest}"
+GRPC_TARGET="${GRPC_TARGET:-grpc://${POD_DNS}:9090}"
 SINK_PORT=7000
 LOADGEN_POD=loadgen
 REPORT_IN_POD=/tmp/report.json
@@ -76,13 +87,14 @@ need() { command -v "$1" >/dev/null 2>&1 || die "'$1' is required but not on PAT
 sink_args() {
   printf '["simbridge-loadgen", "sink", "--listen", "0.0.0.0:%s"]' "${SINK_PORT}"
 }
-# loadgen_run: stream frames at one replica over WebSocket and gRPC for DURATION seconds, write a
-# JSON report inside the loadgen pod.
+# loadgen_run: stream frames at the running bridge over WebSocket and gRPC (edges alternate) for
+# DURATION seconds, no resizes of its own (this script resizes), and write a JSON report inside the
+# loadgen pod. Exit 1 if any frame was not acknowledged as delivered.
 loadgen_run() {
   kubectl -n "${NS}" exec "${LOADGEN_POD}" -- \
-    simbridge-loadgen run \
-    --target-ws "ws://${POD_DNS}:8080/v1/ingest" \
-    --target-grpc "${POD_DNS}:9090" \
+    simbridge-loadgen run --builtin steady --quiet \
+    --target "${WS_TARGET}" \
+    --target "${GRPC_TARGET}" \
     --duration "${DURATION}" \
     --report "${REPORT_IN_POD}"
 }
@@ -214,7 +226,7 @@ install_chart() {
     -f "${HERE}/values-demo.yaml" \
     --set image.repository="${repo}" --set image.tag="${tag}" \
     --set bridge.sinkAddress="viz-sink.${NS}.svc.cluster.local:${SINK_PORT}" \
-    "${HELM_SET[@]}" \
+    ${HELM_SET[@]+"${HELM_SET[@]}"} \
     --wait --timeout 5m
   kubectl -n "${NS}" get pod "${POD}" -o yaml >"${OUT_DIR}/pod-before.yaml"
 }
@@ -269,7 +281,7 @@ resize() {
   fi
   log "resizing ${POD} in place: cpu -> ${CPU_TO}"
   printf '%s\n' "${patch}" >"${OUT_DIR}/resize-patch.json"
-  if ! kubectl -n "${NS}" patch pod "${POD}" "${as[@]}" --subresource resize --type strategic -p "${patch}" \
+  if ! kubectl -n "${NS}" patch pod "${POD}" ${as[@]+"${as[@]}"} --subresource resize --type strategic -p "${patch}" \
     >"${OUT_DIR}/resize-response.txt" 2>&1; then
     cat "${OUT_DIR}/resize-response.txt" >&2
     echo "RESIZE REJECTED" >>"${OUT_DIR}/summary.txt"

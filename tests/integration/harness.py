@@ -4,16 +4,11 @@ protocol clients for bad-input tests, and small cloud builders. Everything binds
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
-import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import grpc
 import numpy as np
@@ -22,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from bridge import settings as settings_mod
 from bridge.app import BridgeService
 from bridge.v1 import bridge_pb2 as pb
+from loadgen.launch import ChildProcess, serve_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -147,15 +143,14 @@ class RawGrpcEdge:
         await self.channel.close()
 
 
-@dataclass
 class BridgeProcess:
-    """``simbridge serve`` as a real child process (for SIGTERM / SIGKILL lifecycle tests)."""
+    """``simbridge serve`` as a real child process (for SIGTERM / SIGKILL lifecycle tests); the
+    launching, waiting and killing are :class:`loadgen.launch.ChildProcess`'s."""
 
-    proc: subprocess.Popen[str]
-    ws: int
-    grpc: int
-    http: int
-    log: IO[str]
+    def __init__(self, child: ChildProcess) -> None:
+        self.child = child
+        self.proc = child.proc
+        self.ws, self.grpc, self.http = child.port("ws"), child.port("grpc"), child.port("http")
 
     @classmethod
     async def start(
@@ -163,45 +158,25 @@ class BridgeProcess:
     ) -> BridgeProcess:
         """Start ``simbridge serve``; with ``cgroup`` (a v1/v2 group directory) the process
         enters that group before exec, so it finds it through /proc/self/cgroup at startup."""
-        cmd = [sys.executable, "-m", "bridge.cli", "serve", "--host", "127.0.0.1", *args]
+        cmd = serve_command(*args)
         if cgroup is not None:
             cmd = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$0" "$@"', *cmd]
-        full_env = {**os.environ, "BRIDGE_ADAPT": "false", **(env or {})}
-        log = tempfile.NamedTemporaryFile("w+", prefix="simbridge-", suffix=".log")  # noqa: SIM115
-        proc = subprocess.Popen(  # noqa: ASYNC220  (spawning does not block; reads go to threads)
-            cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=full_env, cwd=ROOT
-        )
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
-        if not line.startswith("SIMBRIDGE_READY"):
-            proc.kill()
-            proc.wait()
-            proc.stdout.close()
-            log.seek(0)
-            raise RuntimeError(f"bridge did not start: {line!r}\n{log.read()}")
-        ports = dict(kv.split("=") for kv in line.split()[1:])
-        return cls(proc, int(ports["ws"]), int(ports["grpc"]), int(ports["http"]), log)
+        env = {"BRIDGE_ADAPT": "false", **(env or {})}
+        return cls(await ChildProcess.start(cmd, env=env, cwd=ROOT, timeout=30))
 
     @property
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.ws}/v1/ingest"
 
     def signal(self, sig: signal.Signals) -> None:
-        self.proc.send_signal(sig)
+        self.child.signal(sig)
 
     async def wait(self, timeout: float = 30.0) -> int:  # noqa: ASYNC109
-        return await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout)
+        return await self.child.wait(timeout)
 
     def logs(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
+        return self.child.logs(tail=1 << 30)
 
     def kill(self) -> None:
-        """Kill if still running and release the pipes and the log file (idempotent)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None and not self.proc.stdout.closed:
-            self.proc.stdout.close()
-        if not self.log.closed:
-            self.log.close()
+        """Kill if still running and release the pipe and the log file (idempotent)."""
+        self.child.kill()

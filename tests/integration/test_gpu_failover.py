@@ -28,9 +28,9 @@ class FakeCuda:
 
 async def test_unhealthy_gpu_switches_to_cpu_and_back_without_losing_frames() -> None:
     async with running_bridge(voxel_size=0.5) as bridge:
-        assert bridge.processor is not None
+        assert bridge.processor is not None and bridge.capacity is not None
         gpu = FakeCuda()
-        bridge.decimator = gpu
+        bridge.capacity.decimator = gpu
         bridge.processor.set_decimator(gpu)
         edge = EdgeClient("ws", ws_url(bridge), "dev", [StreamConfig("lidar")])
         await edge.start()
@@ -42,15 +42,15 @@ async def test_unhealthy_gpu_switches_to_cpu_and_back_without_losing_frames() ->
 
         await burst(3)
         assert gpu.calls == 3
-        bridge.set_gpu_healthy(False)
-        assert bridge.processor.decimator is bridge.cpu_decimator
-        cpu_name = bridge.cpu_decimator.name if bridge.cpu_decimator else ""
+        bridge.capacity.set_gpu_healthy(False)
+        assert bridge.processor.decimator is bridge.capacity.cpu_decimator
+        cpu_name = bridge.capacity.cpu_decimator.name if bridge.capacity.cpu_decimator else ""
         assert cpu_name in ("c", "numpy")
         assert metric(bridge, "bridge_decimate_backend", backend=cpu_name) == 1
         assert metric(bridge, "bridge_decimate_backend", backend="cuda") == 0
         await burst(3)
         assert gpu.calls == 3, "no frame went to the unhealthy GPU"
-        bridge.set_gpu_healthy(True)
+        bridge.capacity.set_gpu_healthy(True)
         assert bridge.processor.decimator is gpu
         await burst(3)
         assert gpu.calls == 6

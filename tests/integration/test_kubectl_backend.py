@@ -2,9 +2,9 @@
 (and the plain HTTP PATCH of the kubesim backend) against the local stand-in (loadgen.kubesim).
 
 Checks that the strategic-merge body the runner builds is exactly what reaches the stand-in, that
-the runner waits for the pod status to converge (FACTS §1.4), that a memory decrease below usage
-is held by the simulated kubelet, and, end to end, that a bridge watching the stand-in's Pod adapts
-with nothing lost. kubectl tests skip visibly where kubectl is not installed.
+the runner waits for the pod status to converge (docs/kubernetes.md), that a memory decrease
+below usage is held by the simulated kubelet, and, end to end, that a bridge watching the
+stand-in's Pod adapts with nothing lost. kubectl tests skip visibly where kubectl is not installed.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ async def test_resize_body_reaches_the_stand_in_and_status_converges(
         assert result.resolved and result.written_ns is not None and not result.held
         body = resize_body(0.5, 1 * GiB)
         assert backend.bodies == [body]
-        # the reference body's shape (FACTS fixture resize-patch-body.json): requests = limits
+        # the reference body's shape (tests/fixtures/k8s/resize-patch-body.json): requests = limits
         assert body["spec"]["containers"][0] == {
             "name": CONTAINER,
             "resources": {

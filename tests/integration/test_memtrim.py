@@ -25,9 +25,10 @@ async def test_bridge_trims_the_heap_once_after_a_shrink_drains(
     calls: list[int] = []
     monkeypatch.setattr(app_mod, "release_free_heap", lambda: calls.append(1) or True)
     async with running_bridge(ring_budget_bytes=256 << 20, max_frame_bytes=1 << 20) as bridge:
-        bridge.set_ring_budget(512 << 20, 1 << 20)  # a grow does nothing...
+        assert bridge.capacity is not None
+        bridge.capacity.set_ring_budget(512 << 20, 1 << 20)  # a grow does nothing...
         assert not await wait_until(lambda: bool(calls), timeout=0.6)
-        bridge.set_ring_budget(64 << 20, 1 << 20)  # ...a shrink trims once it has drained
+        bridge.capacity.set_ring_budget(64 << 20, 1 << 20)  # ...a shrink trims once it has drained
         assert await wait_until(lambda: len(calls) == 1, timeout=3)
         assert not await wait_until(lambda: len(calls) > 1, timeout=0.6)
 

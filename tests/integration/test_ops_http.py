@@ -13,8 +13,9 @@ async def test_metrics_health_ready_and_debug() -> None:
         port = bridge.ports.http
         status, body = await http_get(port, "/metrics")
         assert status == 200
-        assert bridge.decimator is not None
-        assert f'bridge_decimate_backend{{backend="{bridge.decimator.name}"}} 1.0' in body
+        assert bridge.capacity is not None
+        name = bridge.capacity.decimator.name
+        assert f'bridge_decimate_backend{{backend="{name}"}} 1.0' in body
         for name in (
             "bridge_frames_accepted_total",
             "bridge_ring_capacity_bytes",

@@ -86,8 +86,9 @@ def test_in_place_resizes_are_adapted_live(outcome: tuple[dict[str, Any], Path])
 def test_memory_decrease_below_usage_is_held_and_planned_for_first(
     outcome: tuple[dict[str, Any], Path],
 ) -> None:
-    """FACTS §1.7: the node keeps the old memory.max while usage >= the new limit; the bridge
-    plans for the lower limit at once (ring budget to the floor), before it is enacted."""
+    """The memory-decrease guard (docs/kubernetes.md): the node keeps the old memory.max while
+    usage >= the new limit; the bridge plans for the lower limit at once (ring budget to the
+    floor), before it is enacted."""
     rep, _ = outcome
     (x,) = [x for x in _run(rep, "in-place")["resizes"] if x["below_usage"]]
     assert x["memory_bytes"] < x["usage_at_request_bytes"]

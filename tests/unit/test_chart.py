@@ -45,8 +45,17 @@ K8S_VERSIONS = ("1.35.0", "1.36.0", "1.37.0")
 RELEASE = "sb"
 NAMESPACE = "sim"
 FULLNAME = f"{RELEASE}-simbridge"
-# Kinds from CRDs the Kubernetes schemas do not cover (checked structurally instead).
-CRD_KINDS = {"ServiceMonitor"}
+# Kinds from CRDs the Kubernetes schemas do not cover: validated against the CRD schemas vendored
+# in tests/fixtures/crds where there is one, checked structurally otherwise.
+CRD_KINDS = {
+    "ServiceMonitor",
+    "Gateway",
+    "HTTPRoute",
+    "GRPCRoute",
+    "PrometheusRule",
+    "VerticalPodAutoscaler",
+}
+CRD_SCHEMAS = REPO / "tests" / "fixtures" / "crds"
 WORKLOAD_KINDS = {"StatefulSet", "Deployment"}
 
 Obj = dict[str, Any]
@@ -485,10 +494,12 @@ def test_probes_and_ports(renderer: Renderer, values_file: str) -> None:
     assert ports == {"ws": 8080, "grpc": 9090, "http-metrics": 9100}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http-metrics"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http-metrics"}
-    if "startupProbe" in c:
+    values = helm.Chart.load(str(CHART)).merge_values(_load_values(values_file))
+    if values["tls"]["enabled"]:
+        # The kubelet's gRPC probe speaks plaintext only: with TLS on 9090 it checks the socket.
+        assert c["startupProbe"]["tcpSocket"] == {"port": "grpc"}
+    else:
         assert c["startupProbe"]["grpc"]["port"] == 9090
-    else:  # only where a scenario turns it off on purpose (TLS on the gRPC port)
-        assert values_file == "tls-values.yaml"
     # A throttled bridge (CPU shrunk in place) must not be restarted by its liveness probe quickly.
     live = c["livenessProbe"]
     assert live["timeoutSeconds"] * live["failureThreshold"] >= 20
@@ -652,7 +663,7 @@ def test_resizer_role_is_pods_resize_patch_only(renderer: Renderer, values_file:
 
 
 def test_dra_default_form_keeps_pod_resizable(renderer: Renderer) -> None:
-    """Default DRA form is the extended resource: no resources.claims (FACTS §0.1)."""
+    """Default DRA form is the extended resource: no resources.claims (docs/kubernetes.md)."""
     defaults = renderer.chart.values
     assert defaults["dra"]["enabled"] is False
     assert defaults["dra"]["mode"] == "extendedResource"
@@ -737,7 +748,10 @@ def test_values_yaml_documented_line_by_line() -> None:
 
     Keys inside Kubernetes-shaped blocks (requests, securityContext) are documented by the block.
     """
-    passthrough = {"requests", "limits", "podSecurityContext", "securityContext", "updateStrategy"}
+    passthrough = {
+        *("requests", "limits", "podSecurityContext", "securityContext", "updateStrategy"),
+        *("minAllowed", "maxAllowed", "labels"),
+    }
     stack: list[tuple[int, str]] = []
     lines = (CHART / "values.yaml").read_text().splitlines()
     undocumented = []
@@ -794,6 +808,16 @@ BAD_VALUES: list[tuple[str, Obj]] = [
     ("scrape-interval", {"serviceMonitor": {"interval": "often"}}),
     ("service-type", {"service": {"type": "ExternalName"}}),
     ("replicas-string", {"replicas": "3"}),
+    ("traffic-policy", {"service": {"externalTrafficPolicy": "Locale"}}),
+    ("source-range-not-cidr", {"service": {"loadBalancerSourceRanges": ["everyone"]}}),
+    ("node-port-range", {"service": {"nodePorts": {"ws": 70000}}}),
+    ("route-hostname-url", {"gatewayAPI": {"httpRoute": {"hostnames": ["https://a.example"]}}}),
+    ("parent-ref-without-name", {"gatewayAPI": {"parentRefs": [{"namespace": "gw"}]}}),
+    ("vpa-update-mode", {"verticalPodAutoscaler": {"updateMode": "Auto"}}),
+    ("vpa-min-allowed-garbage", {"verticalPodAutoscaler": {"minAllowed": {"memory": "1GB"}}}),
+    ("alert-duration", {"prometheusRule": {"resizePendingFor": "five minutes"}}),
+    ("alert-ratio", {"prometheusRule": {"memoryNearBudgetRatio": 1.5}}),
+    ("auth-unknown-key", {"auth": {"password": "x"}}),
     ("pod-level-without-limits", {"podResources": {"enabled": True}}),
     ("burstable-without-requests", {"qosClass": "Burstable", "resources": {"requests": None}}),
     (
@@ -842,6 +866,38 @@ TEMPLATE_ERRORS: list[tuple[str, Obj, str]] = [
         "claim-template-existing-without-name",
         {"dra": {"enabled": True, "mode": "claimTemplate", "claimTemplate": {"create": False}}},
         "dra.claimTemplate.existingName is required",
+    ),
+    ("auth-without-token", {"auth": {"enabled": True}}, "auth.token (or auth.existingSecret)"),
+    ("tls-without-cert", {"tls": {"enabled": True}}, "tls.cert (or tls.existingSecret)"),
+    (
+        "mtls-chart-secret-without-ca",
+        {"tls": {"enabled": True, "cert": "c", "key": "k", "requireClientCert": True}},
+        "tls.clientCA is required",
+    ),
+    ("sink-tls-without-ca", {"sinkTLS": {"enabled": True}}, "sinkTLS.ca (or"),
+    (
+        "routes-without-parent",
+        {"gatewayAPI": {"httpRoute": {"enabled": True}}},
+        "gatewayAPI.parentRefs is required",
+    ),
+    (
+        "gateway-without-class",
+        {"gatewayAPI": {"gateway": {"create": True, "tlsSecretName": "x"}}},
+        "gatewayAPI.gateway.className is required",
+    ),
+    (
+        "gateway-without-certificate",
+        {"gatewayAPI": {"gateway": {"create": True, "className": "eg"}}},
+        "gatewayAPI.gateway.tlsSecretName is required",
+    ),
+    ("ingress-without-host", {"ingress": {"enabled": True}}, "ingress.ws.host is required"),
+    (
+        "vpa-with-pod-level-resources",
+        {
+            "verticalPodAutoscaler": {"enabled": True},
+            "podResources": {"enabled": True, "limits": {"cpu": "2", "memory": "4Gi"}},
+        },
+        "cannot be combined with podResources.enabled",
     ),
 ]
 
@@ -899,3 +955,441 @@ def test_rendered_env_is_accepted_by_the_bridge(renderer: Renderer, values_file:
         ports["grpc"],
         ports["http-metrics"],
     )
+
+
+# ------------------------------------------------------------------ custom resources (CRDs)
+
+
+def _strict(schema: Any) -> Any:
+    """Reject unknown fields, as the API server does with strict field validation."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.cache
+def crd_validators() -> dict[tuple[str, str], Any]:
+    found = {}
+    for path in sorted(CRD_SCHEMAS.glob("*.json")):
+        doc = json.loads(path.read_text())
+        schema = _strict(doc["schema"])
+        found[(doc["apiVersion"], doc["kind"])] = jsonschema.Draft7Validator(schema)
+    return found
+
+
+def test_vendored_crd_schemas_are_loaded() -> None:
+    assert set(crd_validators()) == {
+        ("gateway.networking.k8s.io/v1", "Gateway"),
+        ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+        ("gateway.networking.k8s.io/v1", "GRPCRoute"),
+        ("monitoring.coreos.com/v1", "PrometheusRule"),
+    }
+    # The strict form does catch a misspelt field.
+    route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {}}
+    route["spec"] = {"parentRef": [{"name": "gw"}]}
+    validator = crd_validators()[("gateway.networking.k8s.io/v1", "HTTPRoute")]
+    assert list(validator.iter_errors(route))
+
+
+@pytest.mark.parametrize("values_file", CI_FILES)
+def test_custom_resources_match_their_crd_schemas(renderer: Renderer, values_file: str) -> None:
+    for d in renderer.ci(values_file):
+        validator = crd_validators().get((d["apiVersion"], d["kind"]))
+        if validator is None:
+            assert d["kind"] not in CRD_KINDS - {"ServiceMonitor", "VerticalPodAutoscaler"}, d
+            continue
+        errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(d)]
+        assert not errors, f"{d['kind']}/{d['metadata']['name']}: {errors}"
+
+
+def test_ci_scenarios_for_outside_access_are_present() -> None:
+    for scenario in (
+        "external-gateway",
+        "external-gateway-parentrefs",
+        "external-loadbalancer",
+        "ingress",
+        "vpa",
+        "tls",
+    ):
+        assert f"{scenario}-values.yaml" in CI_FILES
+
+
+# ------------------------------------------------------------------ outside access
+
+
+def _proto_services() -> set[str]:
+    proto = (REPO / "proto" / "bridge" / "v1" / "bridge.proto").read_text()
+    package = re.search(r"^package\s+([\w.]+);", proto, re.M)
+    assert package
+    return {f"{package[1]}.{name}" for name in re.findall(r"^service\s+(\w+)", proto, re.M)}
+
+
+def test_gateway_routes_reach_the_client_service(renderer: Renderer) -> None:
+    docs = renderer.ci("external-gateway-values.yaml")
+    service = one(docs, "Service", FULLNAME)
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    gateway = one(docs, "Gateway")
+    [listener] = gateway["spec"]["listeners"]
+    assert listener["protocol"] == "HTTPS" and listener["tls"]["mode"] == "Terminate"
+    assert listener["tls"]["certificateRefs"] == [
+        {"kind": "Secret", "name": "bridge-example-com-tls"}
+    ]
+    assert {k["kind"] for k in listener["allowedRoutes"]["kinds"]} == {"HTTPRoute", "GRPCRoute"}
+    http = one(docs, "HTTPRoute")
+    grpc_route = one(docs, "GRPCRoute")
+    for route in (http, grpc_route):
+        assert route["spec"]["parentRefs"] == [
+            {"name": gateway["metadata"]["name"], "sectionName": listener["name"]}
+        ]
+    [rule] = http["spec"]["rules"]
+    assert rule["matches"] == [{"path": {"type": "Exact", "value": "/v1/ingest"}}]
+    assert rule["backendRefs"] == [{"name": FULLNAME, "port": ports["ws"]}]
+    assert http["spec"]["hostnames"] == ["bridge.example.com"]
+    [rule] = grpc_route["spec"]["rules"]
+    assert rule["backendRefs"] == [{"name": FULLNAME, "port": ports["grpc"]}]
+    routed = {m["method"]["service"] for m in rule["matches"]}
+    assert routed == _proto_services() - {"bridge.v1.VisualizationSink"} | {
+        "grpc.health.v1.Health"
+    }, "every service edges and viewers call, not the sink's (the bridge dials the sink)"
+
+
+def test_gateway_routes_on_a_platform_gateway(renderer: Renderer) -> None:
+    docs = renderer.ci("external-gateway-parentrefs-values.yaml")
+    assert not by_kind(docs, "Gateway")
+    for kind in ("HTTPRoute", "GRPCRoute"):
+        assert one(docs, kind)["spec"]["parentRefs"] == [
+            {"name": "edge-gateway", "namespace": "gateways", "sectionName": "https"}
+        ]
+    default = renderer.render_values({})
+    assert not {"Gateway", "HTTPRoute", "GRPCRoute", "Ingress"} & {d["kind"] for d in default}
+
+
+def test_ingress_alternative(renderer: Renderer) -> None:
+    docs = renderer.ci("ingress-values.yaml")
+    service = one(docs, "Service", FULLNAME)
+    port_names = {p["name"] for p in service["spec"]["ports"]}
+    ws = one(docs, "Ingress", f"{FULLNAME}-ws")
+    grpc_ingress = one(docs, "Ingress", f"{FULLNAME}-grpc")
+    assert grpc_ingress["metadata"]["annotations"] == {
+        "nginx.ingress.kubernetes.io/backend-protocol": "GRPC",
+        "nginx.ingress.kubernetes.io/proxy-read-timeout": "3600",
+    }
+    for ingress, host, path, port in (
+        (ws, "bridge.example.com", "/v1/ingest", "ws"),
+        (grpc_ingress, "grpc.bridge.example.com", "/", "grpc"),
+    ):
+        assert ingress["spec"]["ingressClassName"] == "nginx"
+        assert ingress["spec"]["tls"] == [{"hosts": [host], "secretName": "bridge-example-com-tls"}]
+        [rule] = ingress["spec"]["rules"]
+        assert rule["host"] == host
+        [p] = rule["http"]["paths"]
+        assert p["path"] == path
+        backend = p["backend"]["service"]
+        assert backend == {"name": FULLNAME, "port": {"name": port}} and port in port_names
+    # Fixed node ports on a NodePort Service.
+    assert {p["name"]: p["nodePort"] for p in service["spec"]["ports"]} == {
+        "ws": 30080,
+        "grpc": 30090,
+    }
+
+
+def test_load_balancer_options(renderer: Renderer) -> None:
+    service = one(renderer.ci("external-loadbalancer-values.yaml"), "Service", FULLNAME)
+    spec = service["spec"]
+    assert spec["type"] == "LoadBalancer"
+    assert spec["loadBalancerSourceRanges"] == ["203.0.113.0/24", "2001:db8::/32"]
+    assert spec["externalTrafficPolicy"] == "Local"
+    assert {p["name"]: p.get("appProtocol") for p in spec["ports"]} == {
+        "ws": "kubernetes.io/wss",
+        "grpc": None,
+    }
+    default = one(renderer.render_values({}), "Service", FULLNAME)["spec"]
+    for key in ("loadBalancerSourceRanges", "externalTrafficPolicy", "loadBalancerClass"):
+        assert key not in default, key
+    # LoadBalancer-only fields never reach a ClusterIP Service (the API server rejects them).
+    docs = renderer.render_values(
+        {"service": {"loadBalancerSourceRanges": ["10.0.0.0/8"], "externalTrafficPolicy": "Local"}}
+    )
+    spec = one(docs, "Service", FULLNAME)["spec"]
+    assert "loadBalancerSourceRanges" not in spec and "externalTrafficPolicy" not in spec
+
+
+# ------------------------------------------------------------------ secrets
+
+
+def _env(docs: list[Obj]) -> dict[str, Obj]:
+    return {e["name"]: e for e in bridge_container(docs)["env"]}
+
+
+def _secret_file_env(docs: list[Obj], name: str) -> tuple[str, str]:
+    """(Secret name, key) behind a *_FILE env var: the file must come from a Secret volume."""
+    c = bridge_container(docs)
+    path = _env(docs)[name]["value"]
+    [mount] = [m for m in c["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    [volume] = [v for v in pod_spec(docs)["volumes"] if v["name"] == mount["name"]]
+    return volume["secret"]["secretName"], path.rsplit("/", 1)[1]
+
+
+def test_auth_token_and_tls_from_chart_made_secrets(renderer: Renderer) -> None:
+    docs = renderer.ci("external-loadbalancer-values.yaml")
+    values = _load_values("external-loadbalancer-values.yaml")
+    env = _env(docs)
+    ref = env["BRIDGE_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+    secret = one(docs, "Secret", ref["name"])
+    assert secret["stringData"][ref["key"]] == values["auth"]["token"]
+    # The token itself appears nowhere in the workload.
+    assert values["auth"]["token"] not in json.dumps(workload(docs))
+    expected = {
+        "BRIDGE_TLS_CERT_FILE": "tls.crt",
+        "BRIDGE_TLS_KEY_FILE": "tls.key",
+        "BRIDGE_TLS_CLIENT_CA_FILE": "ca.crt",
+    }
+    for name, key in expected.items():
+        secret_name, file_key = _secret_file_env(docs, name)
+        assert file_key == key
+        tls_secret = one(docs, "Secret", secret_name)
+        assert tls_secret["type"] == "kubernetes.io/tls" and key in tls_secret["stringData"]
+    assert (
+        one(docs, "Secret", f"{FULLNAME}-tls")["stringData"]["ca.crt"] == values["tls"]["clientCA"]
+    )
+
+
+def test_tls_from_existing_secrets(renderer: Renderer) -> None:
+    docs = renderer.ci("tls-values.yaml")
+    assert not by_kind(docs, "Secret"), "existing Secrets: the chart makes none"
+    assert _secret_file_env(docs, "BRIDGE_TLS_CERT_FILE") == ("simbridge-tls", "tls.crt")
+    assert _secret_file_env(docs, "BRIDGE_TLS_CLIENT_CA_FILE") == ("simbridge-tls", "ca.crt")
+    assert _secret_file_env(docs, "BRIDGE_SINK_CA_FILE") == ("simbridge-sink-tls", "ca.crt")
+    assert _secret_file_env(docs, "BRIDGE_SINK_CERT_FILE") == ("simbridge-sink-tls", "tls.crt")
+    assert _secret_file_env(docs, "BRIDGE_SINK_KEY_FILE") == ("simbridge-sink-tls", "tls.key")
+    docs = renderer.ci("external-gateway-values.yaml")
+    assert not by_kind(docs, "Secret")
+    ref = _env(docs)["BRIDGE_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "simbridge-edge-token", "key": "token"}
+    default_env = _env(renderer.render_values({}))
+    assert not {"BRIDGE_AUTH_TOKEN", "BRIDGE_TLS_CERT_FILE"} & set(default_env)
+
+
+# ------------------------------------------------------------------ helm test hook
+
+
+def test_helm_test_pod(renderer: Renderer) -> None:
+    for values_file in CI_FILES:
+        docs = renderer.ci(values_file)
+        [pod] = by_kind(docs, "Pod")
+        assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+        labels = pod["metadata"]["labels"]
+        for svc in by_kind(docs, "Service"):
+            assert not svc["spec"]["selector"].items() <= labels.items(), (
+                f"{values_file}: Service {svc['metadata']['name']} would route edges to the test"
+            )
+        [c] = pod["spec"]["containers"]
+        assert c["image"] == bridge_container(docs)["image"]
+        assert c["command"] == ["python", "-c"]
+        assert c["args"] == [(CHART / "files" / "hello-check.py").read_text()]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        env = {e["name"]: e for e in c["env"]}
+        values = helm.Chart.load(str(CHART)).merge_values(_load_values(values_file))
+        scheme = "wss" if values["tls"]["enabled"] else "ws"
+        port = values["service"]["ports"]["ws"]
+        assert env["SIMBRIDGE_URL"]["value"] == (
+            f"{scheme}://{FULLNAME}.{NAMESPACE}.svc:{port}/v1/ingest"
+        )
+        if values["auth"]["enabled"]:
+            bridge_ref = _env(docs)["BRIDGE_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+            assert env["SIMBRIDGE_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == bridge_ref
+    assert not by_kind(renderer.render_values({"helmTest": {"enabled": False}}), "Pod")
+
+
+def test_network_policy_lets_the_helm_test_in(renderer: Renderer) -> None:
+    docs = renderer.ci("monitoring-values.yaml")
+    np = one(docs, "NetworkPolicy")
+    [pod] = by_kind(docs, "Pod")
+    ingest_rule = np["spec"]["ingress"][0]
+    assert {p["port"] for p in ingest_rule["ports"]} == {"ws", "grpc"}
+    selectors = [
+        peer["podSelector"]["matchLabels"] for peer in ingest_rule["from"] if "podSelector" in peer
+    ]
+    assert any(sel.items() <= pod["metadata"]["labels"].items() for sel in selectors)
+
+
+# ------------------------------------------------------------------ VPA
+
+
+def test_vertical_pod_autoscaler_resizes_in_place(renderer: Renderer) -> None:
+    docs = renderer.ci("vpa-values.yaml")
+    vpa = one(docs, "VerticalPodAutoscaler")
+    w = workload(docs)
+    assert vpa["apiVersion"] == "autoscaling.k8s.io/v1"
+    assert vpa["spec"]["targetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": w["kind"],
+        "name": w["metadata"]["name"],
+    }
+    assert vpa["spec"]["updatePolicy"] == {"updateMode": "InPlaceOrRecreate"}
+    [policy] = vpa["spec"]["resourcePolicy"]["containerPolicies"]
+    assert policy["containerName"] == bridge_container(docs)["name"]
+    assert policy["controlledResources"] == ["cpu", "memory"]
+    # Guaranteed pods keep requests == limits only if VPA scales both together.
+    assert policy["controlledValues"] == "RequestsAndLimits"
+    for resource in ("cpu", "memory"):
+        low = parse_quantity(policy["minAllowed"][resource])
+        high = parse_quantity(policy["maxAllowed"][resource])
+        assert 0 < low <= high, resource
+    # The bridge's resize policy is what makes InPlaceOrRecreate resize without a restart.
+    assert {p["restartPolicy"] for p in bridge_container(docs)["resizePolicy"]} == {"NotRequired"}
+    docs = renderer.render_values(
+        {
+            "verticalPodAutoscaler": {"enabled": True, "minReplicas": 1},
+            "workload": {"kind": "Deployment"},
+        }
+    )
+    vpa = one(docs, "VerticalPodAutoscaler")
+    assert vpa["spec"]["targetRef"]["kind"] == "Deployment"
+    assert vpa["spec"]["updatePolicy"]["minReplicas"] == 1
+
+
+# ------------------------------------------------------------------ alerts and dashboard
+
+
+@functools.cache
+def exported_series() -> frozenset[str]:
+    """Every series name the bridge's /metrics can carry, from its own metric registrations."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    metrics_mod = pytest.importorskip("bridge.metrics", reason="bridge package not importable")
+    resource_metrics = pytest.importorskip("bridge.resources.metrics")
+    registry = prometheus_client.CollectorRegistry()
+    metrics_mod.BridgeMetrics(registry)
+    resource_metrics.ResourceMetrics(registry)
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    names = set()
+    for family in registry.collect():
+        for suffix in suffixes.get(family.type, ("",)):
+            names.add(family.name + suffix)
+    return frozenset(names)
+
+
+def _series_in(expr: str) -> set[str]:
+    return set(re.findall(r"\bbridge_[a-z0-9_]+\b", expr))
+
+
+def test_alerts_cover_the_issue_and_query_exported_series(renderer: Renderer) -> None:
+    docs = renderer.ci("monitoring-values.yaml")
+    rule = one(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    [group] = rule["spec"]["groups"]
+    alerts = {r["alert"]: r for r in group["rules"]}
+    assert set(alerts) == {
+        "SimbridgeSinkDisconnected",
+        "SimbridgeResizePending",
+        "SimbridgeFramesDropped",
+        "SimbridgeMemoryNearBudget",
+    }
+    for name, r in alerts.items():
+        series = _series_in(r["expr"])
+        assert series, name
+        assert series <= exported_series(), f"{name} queries {series - exported_series()}"
+        assert f'namespace="{NAMESPACE}"' in r["expr"], name
+        assert r["labels"]["severity"] == "warning" and r["annotations"]["summary"], name
+    assert "> 0.9" in alerts["SimbridgeMemoryNearBudget"]["expr"]
+    # Without a sink address there is no sink to be disconnected from.
+    docs = renderer.render_values({"prometheusRule": {"enabled": True}})
+    [group] = one(docs, "PrometheusRule")["spec"]["groups"]
+    assert "SimbridgeSinkDisconnected" not in {r["alert"] for r in group["rules"]}
+
+
+def test_grafana_dashboard(renderer: Renderer) -> None:
+    docs = renderer.ci("monitoring-values.yaml")
+    cm = one(docs, "ConfigMap", f"{FULLNAME}-dashboard")
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    text = (CHART / "dashboards" / "simbridge.json").read_text()
+    assert cm["data"]["simbridge.json"] == text.rstrip("\n")
+    dashboard = json.loads(text)
+    assert dashboard["uid"] == "simbridge" and dashboard["title"]
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert variables == {"datasource", "namespace", "pod"}
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)) >= 8
+    queried: set[str] = set()
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            series = _series_in(target["expr"])
+            assert series and series <= exported_series(), (panel["title"], series)
+            assert 'namespace="$namespace"' in target["expr"]
+            queried |= series
+    for important in (
+        "bridge_frames_dropped_total",
+        "bridge_resize_pending",
+        "bridge_sink_connected",
+    ):
+        assert important in queried
+
+
+# ------------------------------------------------------------------ Chart.yaml and README
+
+
+def test_chart_metadata_names_real_maintainers_and_home() -> None:
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert meta["home"].startswith("https://") and meta["sources"]
+    for maintainer in meta["maintainers"]:
+        assert maintainer["name"] and maintainer["url"].startswith("https://")
+    text = json.dumps(meta).lower()
+    for placeholder in ("example", "todo", "changeme", "your-"):
+        assert placeholder not in text, placeholder
+
+
+def _values_table_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "chart_values_table", REPO / "scripts" / "chart_values_table.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_values_table_is_generated_from_values_yaml() -> None:
+    module = _values_table_module()
+    readme = (CHART / "README.md").read_text()
+    generated = module.table(CHART / "values.yaml")
+    assert module.updated_readme(readme, generated) == readme, (
+        "charts/simbridge/README.md is stale: run `make chart-docs`"
+    )
+    # Every leaf in values.yaml is in the table, itself or through a documented parent.
+    keys = [row.split("`")[1] for row in generated.splitlines()[2:]]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def leaves(node: Any, prefix: str = "") -> Iterator[str]:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                yield from leaves(v, f"{prefix}.{k}" if prefix else k)
+        else:
+            yield prefix
+
+    missing = [
+        leaf
+        for leaf in leaves(values)
+        if not any(leaf == k or leaf.startswith(k + ".") for k in keys)
+    ]
+    assert not missing, missing
+    assert "| `gatewayAPI.httpRoute.enabled` | bool | `false` |" in generated
+    assert "| `service.loadBalancerSourceRanges` | list | `[]` |" in generated
+
+
+def test_values_table_generator_reads_comments() -> None:
+    module = _values_table_module()
+    text = "# not a key doc\na:\n  # -- first line\n  #    second\n  b: 1\n  c: 2\n# -- top\nd: x\n"
+    assert module.documented_keys(text) == [("a.b", "first line second"), ("d", "top")]

@@ -73,6 +73,11 @@ def hello(device: str = "dev", streams: tuple[str, ...] = ("lidar",), **kw: obje
     return pb.Hello(device_id=device, streams=specs, **kw)  # type: ignore[arg-type]
 
 
+def attach(core: BridgeCore, h: pb.Hello, conn: object) -> tuple[Session, pb.Welcome]:
+    attached = core.hello(h, conn)
+    return attached.session, attached.welcome
+
+
 def cloud_frame(stream: str, seq: int, n: int = 4) -> pb.Frame:
     xyz = np.arange(n * 3, dtype="<f4")
     return pb.Frame(
@@ -92,20 +97,20 @@ def cloud_frame(stream: str, seq: int, n: int = 4) -> pb.Frame:
 
 def test_hello_welcome_and_resume_by_token_and_device() -> None:
     core, _ = make_core()
-    s1, w1 = core.hello(hello(), "conn1")
+    s1, w1 = attach(core, hello(), "conn1")
     assert not w1.resumed and w1.session_id == s1.session_id
     assert core.offer(s1, cloud_frame("lidar", 1), 100, 0) is Offer.ACCEPTED
     core.detach(s1, "conn1", now=0.0)
-    s2, w2 = core.hello(hello(resume_token=s1.session_id), "conn2")
+    s2, w2 = attach(core, hello(resume_token=s1.session_id), "conn2")
     assert s2 is s1 and w2.resumed
     assert [(s.stream_id, s.accepted_seq, s.delivered_seq) for s in w2.streams] == [("lidar", 1, 0)]
-    s3, w3 = core.hello(hello(), "conn3")  # same device, no token: still resumes
+    s3, w3 = attach(core, hello(), "conn3")  # same device, no token: still resumes
     assert s3 is s1 and w3.resumed and s3.connection == "conn3"
 
 
 def test_resume_state_from_hello_sets_the_baseline_of_a_new_stream() -> None:
     core, _ = make_core()
-    s, w = core.hello(hello(resume=[pb.ResumeState(stream_id="lidar", delivered_seq=7)]), "c")
+    s, w = attach(core, hello(resume=[pb.ResumeState(stream_id="lidar", delivered_seq=7)]), "c")
     assert w.streams[0].delivered_seq == 7
     assert core.offer(s, cloud_frame("lidar", 7), 100, 0) is Offer.DUPLICATE
     assert core.offer(s, cloud_frame("lidar", 8), 100, 0) is Offer.ACCEPTED
@@ -114,12 +119,12 @@ def test_resume_state_from_hello_sets_the_baseline_of_a_new_stream() -> None:
 
 def test_duplicates_reacked_regression_refused_and_upstream_gap_recorded() -> None:
     core, rec = make_core()
-    s, _ = core.hello(hello(), "c")
+    s, _ = attach(core, hello(), "c")
     assert core.offer(s, cloud_frame("lidar", 1), 100, 0) is Offer.ACCEPTED
     with pytest.raises(SeqRegression):
         core.offer(s, cloud_frame("lidar", 1), 100, 0)
     core.detach(s, "c", 0.0)
-    s, _ = core.hello(hello(), "c2")  # a resend after reconnect is a duplicate, not an error
+    s, _ = attach(core, hello(), "c2")  # a resend after reconnect is a duplicate, not an error
     rec.acks.clear()
     assert core.offer(s, cloud_frame("lidar", 1), 100, 0) is Offer.DUPLICATE
     assert rec.acks, "a duplicate is re-acked"
@@ -133,7 +138,7 @@ def test_duplicates_reacked_regression_refused_and_upstream_gap_recorded() -> No
 
 def test_bad_input_is_classified() -> None:
     core, _ = make_core(max_points=3)
-    s, _ = core.hello(hello(streams=("lidar", "tele")), "c")
+    s, _ = attach(core, hello(streams=("lidar", "tele")), "c")
     with pytest.raises(UnknownStream):
         core.offer(s, cloud_frame("nope", 1), 10, 0)
     with pytest.raises(TooManyPoints):
@@ -166,7 +171,7 @@ def test_session_and_stream_limits() -> None:
 
 def test_processing_commit_sink_ack_and_delivered_seq() -> None:
     core, rec = make_core()
-    s, _ = core.hello(hello(), "c")
+    s, _ = attach(core, hello(), "c")
     for seq in (1, 2, 3):
         core.offer(s, cloud_frame("lidar", seq), 100, 0)
     items = [core.take_work() for _ in range(3)]
@@ -195,7 +200,7 @@ def test_processing_commit_sink_ack_and_delivered_seq() -> None:
 def test_watermarks_mark_frames_delivered_and_future_resends_duplicate() -> None:
     core, _ = make_core()
     core.sink_watermarks([(("dev", "lidar"), 5)])  # before the stream exists
-    s, w = core.hello(hello(), "c")
+    s, w = attach(core, hello(), "c")
     assert w.streams[0].delivered_seq == 5
     assert core.offer(s, cloud_frame("lidar", 4), 100, 0) is Offer.DUPLICATE
     assert core.offer(s, cloud_frame("lidar", 6), 100, 0) is Offer.ACCEPTED
@@ -207,7 +212,7 @@ def test_watermarks_mark_frames_delivered_and_future_resends_duplicate() -> None
 
 def test_ring_budget_split_with_floor_and_shrink_is_backpressure() -> None:
     core, _ = make_core(max_frame_bytes=100, budget=1000)
-    s, _ = core.hello(hello(streams=("a", "b")), "c")
+    s, _ = attach(core, hello(streams=("a", "b")), "c")
     assert core.ring_capacity_per_stream == 500
     for seq in range(1, 5):
         assert core.offer(s, cloud_frame("a", seq), 100, 0) is Offer.ACCEPTED
@@ -223,7 +228,7 @@ def test_drop_oldest_stream_from_hello() -> None:
         device_id="d",
         streams=[pb.StreamSpec(stream_id="a", kind=pb.POINT_CLOUD, overflow=pb.DROP_OLDEST)],
     )
-    s, _ = core.hello(h, "c")
+    s, _ = attach(core, h, "c")
     for seq in range(1, 6):
         assert core.offer(s, cloud_frame("a", seq), 100, 0) is Offer.ACCEPTED
     assert rec.evicted == 2
@@ -235,10 +240,10 @@ def test_detached_sessions_are_bounded() -> None:
     core, _ = make_core(max_sessions=2)
     for i in range(2):
         conn = f"c{i}"
-        s, _ = core.hello(hello(f"d{i}"), conn)
+        s, _ = attach(core, hello(f"d{i}"), conn)
         core.detach(s, conn, now=float(i))
     # Two detached, idle sessions: a third device makes the oldest one go.
-    s2, _ = core.hello(hello("d2"), "c2")
+    s2, _ = attach(core, hello("d2"), "c2")
     assert "d0" not in core.by_device and {"d1", "d2"} <= set(core.by_device)
     assert core.offer(s2, cloud_frame("lidar", 1), 100, 0) is Offer.ACCEPTED
     core.detach(s2, "c2", now=3.0)
@@ -246,8 +251,20 @@ def test_detached_sessions_are_bounded() -> None:
     core.hello(hello("d3"), "c3")
     assert "d1" not in core.by_device and "d2" in core.by_device
     core.detach(core.by_device["d3"], "c3", now=4.0)
-    s4, _ = core.hello(hello("d4"), "c4")  # d3 idle goes
+    s4, _ = attach(core, hello("d4"), "c4")  # d3 idle goes
     core.offer(s4, cloud_frame("lidar", 1), 100, 0)
     core.detach(s4, "c4", now=5.0)
     with pytest.raises(TooManySessions, match="undelivered"):
         core.hello(hello("d5"), "c5")  # d2 and d4 both hold frames
+
+
+def test_hello_returns_the_connection_it_supersedes() -> None:
+    core, _ = make_core()
+    first = core.hello(hello(), "old")
+    assert first.superseded is None
+    again = core.hello(hello(), "new")  # reconnect while "old" still looks attached
+    assert again.session is first.session
+    assert again.superseded == "old"
+    assert core.hello(hello(), "new").superseded is None  # the same connection replaces nothing
+    core.detach(again.session, "new", 1.0)
+    assert core.hello(hello(), "newer").superseded is None  # detached: nothing left to close

@@ -146,7 +146,7 @@ def assert_same_cloud(layout: CloudLayout, got: bytes, want: bytes, rtol: float 
 
 
 def oracle(layout: CloudLayout, data: bytes, voxel: float) -> bytes:
-    """Slow statement of DESIGN.md §3: dict of voxel key -> points, means, key order.
+    """Slow statement of docs/design.md §3: dict of voxel key -> points, means, key order.
 
     Raises OverflowError when a key leaves the int64 range.
     """

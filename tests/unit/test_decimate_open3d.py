@@ -1,4 +1,4 @@
-"""Parity of the decimators with Open3D's tensor ``voxel_down_sample`` (DESIGN.md §3).
+"""Parity of the decimators with Open3D's tensor ``voxel_down_sample`` (docs/design.md §3).
 
 Open3D orders voxels by hash, so both outputs are put in voxel-key order before comparing:
 same voxel count, same keys, centroids within Open3D's float32-accumulation error, colours

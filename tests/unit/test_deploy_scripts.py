@@ -7,6 +7,7 @@ and the kind configs, demo values and Dockerfile must say what the chart and the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -100,9 +101,105 @@ def test_loadgen_call_lives_in_one_marked_place() -> None:
     assert uses and all(start < i < end for i in uses), "simbridge-loadgen used outside the block"
     runs = [i for i in uses if "simbridge-loadgen run" in lines[i]]
     assert len(runs) == 1
-    block = "\n".join(lines[start:end])
-    for flag in ("--target-ws", "--target-grpc", "--duration", "--report"):
-        assert flag in block
+
+
+async def test_loadgen_command_line_drives_a_real_local_bridge(tmp_path: Path) -> None:
+    """demo.sh's own ``loadgen_run`` (kubectl exec replaced by running the command here) against
+    a real ``simbridge serve`` and a real sink on 127.0.0.1: it must parse, connect over both
+    transports, get every frame acknowledged as delivered and write its report."""
+    from loadgen.launch import ChildProcess, serve_command
+    from loadgen.sink import SinkServer
+
+    async with SinkServer(listen="127.0.0.1:0", fsync=False) as sink:
+        bridge = await ChildProcess.start(
+            serve_command("--no-adapt", "--sink-address", sink.address, "--passthrough"),
+            env={"BRIDGE_WS_PORT": "0", "BRIDGE_GRPC_PORT": "0", "BRIDGE_HTTP_PORT": "0"},
+            cwd=REPO,
+        )
+        try:
+            report = tmp_path / "report.json"
+            script = "\n".join(
+                [
+                    "set -euo pipefail",
+                    # `kubectl -n NS exec POD -- CMD...` runs CMD here
+                    'kubectl() { [[ "$1 $2 $3 $4 $5" == "-n demo-ns exec lg --" ]] || exit 9;'
+                    ' shift 5; "$@"; }',
+                    f'simbridge-loadgen() {{ "{sys.executable}" -m loadgen.cli "$@"; }}',
+                    _bash_function("loadgen_run"),
+                    "loadgen_run",
+                ]
+            )
+            env = {
+                "PATH": "/usr/bin:/bin",
+                "PYTHONPATH": str(REPO),
+                "NS": "demo-ns",
+                "LOADGEN_POD": "lg",
+                "WS_TARGET": f"ws://127.0.0.1:{bridge.port('ws')}/v1/ingest",
+                "GRPC_TARGET": f"grpc://127.0.0.1:{bridge.port('grpc')}",
+                "DURATION": "3",
+                "REPORT_IN_POD": str(report),
+            }
+            proc = await asyncio.create_subprocess_exec(
+                "bash",
+                "-c",
+                script,
+                env=env,
+                cwd=tmp_path,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            out, _ = await asyncio.wait_for(proc.communicate(), 120)
+            assert proc.returncode == 0, out.decode()
+        finally:
+            await bridge.stop()
+    assert report.exists(), out.decode()
+    rep = json.loads(report.read_text())
+    assert rep["mode"] == "external" and rep["ok"] is True
+    assert {e["transport"] for e in rep["edges"]} == {"ws", "grpc"}
+    t = rep["totals"]
+    assert t["published"] == 4 * 2 * 30  # 4 edges x (cloud + telemetry) x 3 s at 10 Hz
+    assert t["acked_delivered"] == t["published"] and t["undelivered"] == 0
+    assert sink.record.totals()["delivered"] == t["published"]
+
+
+def test_pod_level_is_refused_where_the_cluster_config_lacks_the_gate(tmp_path: Path) -> None:
+    # Only the tools the script touches before its own checks: nothing can create a cluster.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname", "grep", "date", "mkdir"):
+        found = shutil.which(tool)
+        assert found is not None
+        (bin_dir / tool).symlink_to(found)
+
+    def demo(minor: str) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": str(bin_dir), "POD_LEVEL": "1", "OUT_DIR": str(tmp_path / "out")}
+        return subprocess.run(
+            ["bash", str(DEMO), minor], env=env, capture_output=True, text=True, timeout=30
+        )
+
+    refused = demo("1.35")
+    assert refused.returncode == 2, refused.stderr
+    assert "POD_LEVEL=1" in refused.stderr and "InPlacePodLevelResourcesVerticalScaling" in (
+        refused.stderr
+    )
+    for minor in ("1.36", "1.37"):  # accepted: it goes on to look for its tools
+        later = demo(minor)
+        assert later.returncode == 1 and "is required but not on PATH" in later.stderr
+
+
+_ARRAY_USE = re.compile(r'(?<!\+)"\$\{(\w+)\[@\]\}"')
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[str(s.relative_to(REPO)) for s in SCRIPTS])
+def test_no_possibly_empty_array_expansion_under_set_u(script: Path) -> None:
+    """bash < 4.4 (macOS ships 3.2) aborts on "${a[@]}" of an empty array under set -u: use
+    ${a[@]+"${a[@]}"} unless the array is assigned non-empty right where it is declared."""
+    text = script.read_text()
+    for m in _ARRAY_USE.finditer(text):
+        name = m.group(1)
+        assert re.search(rf"\b{name}=\((?!\))", text) and not re.search(rf"\b{name}=\(\)", text), (
+            f'{script.name}: "${{{name}[@]}}" may be empty; write ${{{name}[@]+"${{{name}[@]}}"}}'
+        )
 
 
 def test_demo_resizes_in_place_and_checks_the_container() -> None:

@@ -30,6 +30,7 @@ from bridge.resources.kubeapi import (
 from loadgen.kubesim import (
     KubeSim,
     NodeModel,
+    Want,
     qos_class,
     shares_to_weight,
     strategic_merge,
@@ -261,6 +262,66 @@ async def test_pod_level_in_progress_completes_into_the_container_cgroup(
     assert sim.pod["status"]["resources"]["limits"]["cpu"] == "12"
 
 
+class RecordingActuator:
+    """An Actuator that records the kubelet's calls and fails the first ``fail`` applies (the
+    seam itself is under test here, so this stands where a container runtime would)."""
+
+    def __init__(self, usage: int, fail: int = 0) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.usage = usage
+        self.fail = fail
+
+    async def start(self, actual: Want) -> None:
+        self.calls.append(("start", (actual.cpu_lim, actual.mem_lim)))
+
+    async def memory_usage(self) -> int:
+        self.calls.append(("usage", None))
+        return self.usage
+
+    async def apply_memory(self, limit: int | None) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("runtime said no")
+        self.calls.append(("memory", limit))
+
+    async def apply_cpu(self, limit_m: int | None, request_m: int | None) -> None:
+        self.calls.append(("cpu", (limit_m, request_m)))
+
+
+async def test_actuator_seam_order_guard_and_failure_retry(sim_factory: Any) -> None:
+    act = RecordingActuator(usage=1 * GiB, fail=1)
+    sim, client = await sim_factory(actuator=act)
+    assert act.calls == [("start", (2000, 8 * GiB))]
+    await client.patch(RESIZE, load("resize-patch-body.json"))
+    # the first apply fails: held with the runtime's message, then retried on a later sync
+    await eventually(lambda: ("memory", 12 * GiB) in act.calls)
+    assert act.calls[1:] == [("memory", 12 * GiB), ("cpu", (4000, 4000))]  # memory first
+    await eventually(lambda: sim.condition("PodResizeInProgress") is None)
+    st = sim.pod["status"]["containerStatuses"][0]
+    assert st["resources"]["limits"] == {"cpu": "4", "memory": "12Gi"}
+    # a decrease below the usage the actuator reports is held, cpu decrease still applied
+    act.calls.clear()
+    act.usage = 9 * GiB
+    await client.patch(RESIZE, patch_body("2", "6Gi"))
+    await eventually(lambda: (sim.condition("PodResizeInProgress") or {}).get("reason") == "Error")
+    await eventually(lambda: ("cpu", (2000, 2000)) in act.calls)
+    assert ("usage", None) in act.calls and not [c for c in act.calls if c[0] == "memory"]
+    act.usage = 5 * GiB
+    await eventually(lambda: ("memory", 6 * GiB) in act.calls)
+    await eventually(lambda: sim.condition("PodResizeInProgress") is None)
+
+
+async def test_actuator_failure_is_reported_in_the_condition(sim_factory: Any) -> None:
+    act = RecordingActuator(usage=0, fail=10**6)
+    sim, client = await sim_factory(actuator=act)
+    await client.patch(RESIZE, load("resize-patch-body.json"))
+    await eventually(lambda: (sim.condition("PodResizeInProgress") or {}).get("reason") == "Error")
+    cond = sim.condition("PodResizeInProgress")
+    assert cond is not None and "runtime said no" in cond["message"]
+    st = sim.pod["status"]["containerStatuses"][0]
+    assert st["resources"]["limits"]["memory"] == "8Gi"  # not actuated, not reported as done
+
+
 # ----------------------------------------------------------------------------- watch + reads
 
 
@@ -420,13 +481,13 @@ async def test_token_file_is_sent_and_reread(sim_factory: Any, tmp_path: Path) -
 
 
 def test_kube_config_from_env(tmp_path: Path) -> None:
-    assert KubeConfig.from_env({}, sa_dir=str(tmp_path)) is None
-    explicit = KubeConfig.from_env({"BRIDGE_KUBE_API": "http://127.0.0.1:1/"})
+    assert KubeConfig.resolve(env={}, sa_dir=str(tmp_path)) is None
+    explicit = KubeConfig.resolve("http://127.0.0.1:1/")
     assert explicit == KubeConfig("http://127.0.0.1:1")
     (tmp_path / "token").write_text("t")
     (tmp_path / "ca.crt").write_text("")
     env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"}
-    cfg = KubeConfig.from_env(env, sa_dir=str(tmp_path))
+    cfg = KubeConfig.resolve(env=env, sa_dir=str(tmp_path))
     assert cfg is not None and cfg.base_url == "https://[fd00::1]:6443"
     assert cfg.token_file == str(tmp_path / "token") and cfg.ca_file == str(tmp_path / "ca.crt")
     with pytest.raises(ValueError):

@@ -91,12 +91,19 @@ def test_toml_and_json(tmp_path: Path) -> None:
     assert [s.transport_of(i) for i in range(4)] == ["ws", "grpc", "ws", "grpc"]
 
 
-@pytest.mark.parametrize("name", BUILTINS)
+@pytest.mark.parametrize("name", [b for b in BUILTINS if b != "steady"])
 def test_builtins_parse(name: str) -> None:
     s = builtin(name)
     assert s.name == name
     assert len(s.resizes) >= 6
     assert s.baseline == "restart"
+
+
+def test_steady_builtin_is_load_only() -> None:
+    """For an external bridge (``run --target``): whoever runs it resizes the Pod."""
+    s = builtin("steady")
+    assert s.resizes == () and s.baseline == "none"
+    assert {s.transport_of(i) for i in range(s.edges)} == {"ws", "grpc"}
 
 
 def test_ci_short_covers_the_cases_the_test_needs() -> None:
@@ -181,22 +188,47 @@ def test_memory_usage_keyword_only_in_steps() -> None:
         from_mapping({"initial": {"memory": "usage"}})
 
 
-def test_cloud_files_fall_back_visibly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No Open3D (or no files): the run publishes synthetic clouds and says SKIPPED."""
-    from loadgen import runner
+def test_cloud_files_without_open3d_fall_back_visibly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Files present but no Open3D: synthetic clouds, and the report says SKIPPED."""
+    from loadgen import steps
     from loadgen.clouds import Open3DUnavailable
 
     def no_open3d(path: object) -> None:
         raise Open3DUnavailable("Open3D cannot be imported (test)")
 
+    (tmp_path / "a.pcd").write_bytes(b"not read")
     s = from_mapping({"clouds": [str(tmp_path / "*.pcd")], "points": 100})
-    monkeypatch.setattr(runner, "load_cloud", no_open3d)
-    payloads, note = runner.prepare_clouds(s)
+    monkeypatch.setattr(steps, "load_cloud", no_open3d)
+    payloads, note = steps.prepare_clouds(s)
     assert len(payloads) == 4
     assert note.startswith("SKIPPED cloud files (Open3D unavailable") and "synthetic" in note
-    monkeypatch.undo()
-    payloads, note = runner.prepare_clouds(s)  # the glob matches nothing: a missing file
-    assert note.startswith("SKIPPED cloud files") and len(payloads) == 4
+
+
+def test_missing_cloud_files_are_an_error(tmp_path: Path) -> None:
+    """A glob that matches nothing (e.g. a data folder that is not there) stops the run."""
+    from loadgen import steps
+
+    pattern = str(tmp_path / "absent" / "frame_*.pcd")
+    s = from_mapping({"name": "replay", "clouds": [pattern], "points": 100})
+    with pytest.raises(FileNotFoundError, match="no cloud file at") as err:
+        steps.prepare_clouds(s)
+    assert pattern in str(err.value)
+
+
+def test_pcd_replay_scenario_names_vendored_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped replay scenario points at the frames in this repository (run from its root)."""
+    from importlib import resources
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)
+    s = load(Path(str(resources.files("loadgen").joinpath("scenarios", "pcd-replay.yaml"))))
+    files = s.cloud_files()
+    assert len(files) == 3
+    for f in files:
+        path = (repo / f).resolve()
+        assert path.is_file() and path.is_relative_to(repo / "tests" / "data" / "pcl"), f
 
 
 def test_shipped_example_files_parse() -> None:
@@ -207,4 +239,4 @@ def test_shipped_example_files_parse() -> None:
     assert {"demo.yaml", "ci-short.yaml", "long.yaml", "pcd-replay.yaml"} <= set(names)
     for name in names:
         s = load(Path(str(folder.joinpath(name))))
-        assert s.resizes, name
+        assert s.resizes or name == "steady.yaml", name

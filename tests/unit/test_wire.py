@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge import wire
 from bridge.v1 import bridge_pb2 as pb
 
 
-@given(st.integers(min_value=0, max_value=2**64 - 1))
+@settings(deadline=None)  # timing varies on a loaded CI machine
+@given(st.integers(min_value=1, max_value=2**64 - 1))
 def test_varint_round_trips_and_matches_protobuf(value: int) -> None:
     encoded = wire.encode_varint(value)
     assert wire.decode_varint(encoded, 0) == (value, len(encoded))
-    # A uint64 field's encoding is its key followed by the varint.
+    # A non-default uint64 field is encoded as its key followed by the varint (proto3 omits 0).
     reference = pb.Frame(seq=value).SerializeToString()
     assert reference == wire.field_key(pb.Frame.DESCRIPTOR, "seq", wire.WIRE_VARINT) + encoded
 
 
+@settings(deadline=None)
 @given(st.text(max_size=30), st.text(max_size=20), st.integers(min_value=0, max_value=2**63))
 def test_spliced_frame_equals_encoder(frame_id: str, stream_id: str, seq: int) -> None:
     cloud = pb.PointCloud(frame_id=frame_id).SerializeToString()
     header = pb.Frame(stream_id=stream_id, seq=seq).SerializeToString()
-    inner = header + wire.length_prefix(wire.field_key(pb.Frame.DESCRIPTOR, "point_cloud"), len(cloud))
+    inner = header + wire.length_prefix(
+        wire.field_key(pb.Frame.DESCRIPTOR, "point_cloud"), len(cloud)
+    )
     inner += cloud
     spliced = wire.length_prefix(wire.field_key(pb.EdgeMessage.DESCRIPTOR, "frame"), len(inner))
     spliced += inner

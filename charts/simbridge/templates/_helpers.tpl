@@ -199,3 +199,40 @@ The bridge container's resources block (without the "resources:" key).
 {{- toYaml $out }}
 {{- end }}
 {{- end }}
+
+{{/* Secret holding the edges' bearer token: existing, or "<fullname>-auth" made by the chart. */}}
+{{- define "simbridge.authSecretName" -}}
+{{- default (printf "%s-auth" (include "simbridge.fullname" .)) .Values.auth.existingSecret }}
+{{- end }}
+
+{{/* Secret with the ingest certificate (tls.crt, tls.key, ca.crt). */}}
+{{- define "simbridge.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "simbridge.fullname" .)) .Values.tls.existingSecret }}
+{{- end }}
+
+{{/* Secret with the sink's CA (and the client pair). */}}
+{{- define "simbridge.sinkTlsSecretName" -}}
+{{- default (printf "%s-sink-tls" (include "simbridge.fullname" .)) .Values.sinkTLS.existingSecret }}
+{{- end }}
+
+{{/*
+Labels of the `helm test` Pod. Deliberately NOT the selector labels: the Services must never route
+edges to it.
+*/}}
+{{- define "simbridge.testLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-test" (include "simbridge.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* parentRefs of the Gateway API routes: the chart's own Gateway, or gatewayAPI.parentRefs. */}}
+{{- define "simbridge.routeParentRefs" -}}
+{{- if .Values.gatewayAPI.gateway.create }}
+- name: {{ include "simbridge.fullname" . }}
+  sectionName: https
+{{- else }}
+{{- if not .Values.gatewayAPI.parentRefs }}
+{{- fail "gatewayAPI.parentRefs is required for the routes when gatewayAPI.gateway.create is false" }}
+{{- end }}
+{{- toYaml .Values.gatewayAPI.parentRefs }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,77 @@
+"""The data plane as the resource adapter drives it (``resources.adapt.AdaptTarget``): worker
+count, ring budget and the GPU/CPU decimation switch (why: kept apart from the lifecycle owner,
+so the adapter's view is one small object, testable without servers)."""
+
+from __future__ import annotations
+
+import logging
+
+from bridge.core import BridgeCore
+from bridge.decimate import Decimator
+from bridge.metrics import BridgeMetrics
+from bridge.processing import Processor
+from bridge.workers import WorkerPool
+
+log = logging.getLogger("bridge.capacity")
+
+
+class Capacity:
+    def __init__(
+        self,
+        core: BridgeCore,
+        pool: WorkerPool,
+        processor: Processor,
+        metrics: BridgeMetrics,
+        *,
+        decimator: Decimator,
+        cpu_decimator: Decimator | None,
+        pinned_workers: bool,
+        baseline_rss: int,
+    ) -> None:
+        self._core = core
+        self._pool = pool
+        self._processor = processor
+        self._metrics = metrics
+        self.decimator = decimator  # chosen at startup (cuda when available)
+        self.cpu_decimator = cpu_decimator  # where decimation goes while the GPU is unhealthy
+        self._pinned = pinned_workers
+        self._baseline_rss = baseline_rss
+        self.trim_pending = False  # a ring shrink waits to drain before the heap is trimmed
+
+    def resize_workers(self, workers: int) -> None:
+        if self._pinned:  # pinned by configuration: the plan does not override it
+            return
+        self._pool.resize(workers)
+        self._metrics.workers.set(workers)
+        self._processor.notify()
+
+    def set_ring_budget(self, total_bytes: int, per_stream_floor: int) -> None:
+        before = self._core.ring_capacity_per_stream
+        self._core.set_ring_budget(total_bytes, per_stream_floor)
+        self._metrics.ring_capacity.set(self._core.ring_capacity_per_stream)
+        if self._core.ring_capacity_per_stream < before:
+            self.trim_pending = True
+
+    def set_gpu_healthy(self, healthy: bool) -> None:
+        if self.decimator.name != "cuda":
+            return
+        chosen = self.decimator if healthy else self.cpu_decimator
+        if chosen is not self._processor.decimator:
+            self._processor.set_decimator(chosen)
+            self._metrics.publish_backend(chosen.name if chosen else None)
+            log.warning(
+                "GPU %s: decimation backend now %s",
+                "healthy" if healthy else "unhealthy",
+                chosen.name if chosen else "none",
+            )
+
+    def active_streams(self) -> int:
+        return len(self._core.streams)
+
+    def memory_baseline_bytes(self) -> int:
+        return self._baseline_rss
+
+    def rings_within_capacity(self) -> bool:
+        return all(
+            s.ring.occupancy_bytes <= s.ring.capacity_bytes for s in self._core.streams.values()
+        )

@@ -1,0 +1,374 @@
+"""The async edge client: one connection loop and one sender task around the sans-I/O core.
+
+Why a client at all: an edge that keeps its side of the contract (hold every frame until the bridge
+reports it *delivered*, resend above the right seq after a reconnect, honour PAUSE/RESUME and Drain,
+reconnect with backoff) loses nothing across network blips and bridge restarts. Doing that
+correctly by hand is the hard part of talking to simbridge; this class does it for you::
+
+    async with EdgeClient("ws://bridge:8080/v1/ingest", device_id="robot-1",
+                          streams=[StreamSpec("lidar")]) as edge:
+        await edge.publish("lidar", points)      # an (n, 3) float32 array
+        await edge.drain(timeout=10)             # every frame delivered, or DeliveryTimeout
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+from bridge.client.core import DeliveryHook, EdgeCore, EdgeStats, StreamSpec
+from bridge.client.payload import Payload, PreparedPayload
+from bridge.client.transport import Connection, Endpoint, TlsConfig, Transport, open_connection
+from bridge.v1 import bridge_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Reconnect backoff (seconds): exponential from BACKOFF_BASE, capped, with jitter.
+BACKOFF_BASE = 0.1
+BACKOFF_CAP = 5.0
+
+
+class ClientClosed(RuntimeError):
+    """``publish`` on a client that was closed (or closed while it waited for room)."""
+
+
+class DeliveryTimeout(TimeoutError):
+    """``drain`` ran out of time with frames still undelivered (``undelivered`` of them)."""
+
+    def __init__(self, message: str, undelivered: int) -> None:
+        super().__init__(message)
+        self.undelivered = undelivered
+
+
+async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended, without swallowing *our* cancellation.
+
+    ``with suppress(CancelledError): await task`` would also swallow a cancel aimed at the
+    caller: a cancelled reconnect loop would then carry on.
+    """
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: not logged as "never retrieved"
+
+
+class EdgeClient:
+    """An edge device connected to a simbridge bridge over WebSocket or gRPC.
+
+    ``url``: ``ws://host:port/v1/ingest``, ``wss://…``, ``grpc://host:port`` or
+    ``grpcs://host:port``. ``token``: the bridge's ``auth_token`` when it requires one (sent in
+    Hello and as ``Authorization: Bearer``). ``tls``: CA / client certificate for the secure
+    schemes (default: the system's trust store, no client certificate).
+
+    Limits: the resend buffer holds every frame not yet *delivered*, bounded by
+    ``resend_buffer_bytes`` and ``resend_buffer_frames``. With ``wait_for_room`` (the default),
+    ``publish`` on a stream that is not "drop_oldest" waits while the bridge has paused it or the
+    buffer is full; otherwise the oldest buffered frame is evicted and counted in
+    ``stats.dropped``. ``on_delivered(stream_id, seq, capture_time_ns, now_ns)`` is called once
+    per delivered frame, on the event loop.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        device_id: str,
+        streams: Sequence[StreamSpec],
+        token: str | None = None,
+        tls: TlsConfig | None = None,
+        # Limits
+        resend_buffer_bytes: int = 256 * 1024 * 1024,
+        resend_buffer_frames: int = 10_000,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        # Timeouts
+        connect_timeout: float = 10.0,
+        welcome_timeout: float = 10.0,
+        # Behaviour
+        wait_for_room: bool = True,
+        stats: EdgeStats | None = None,
+        on_delivered: DeliveryHook | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.endpoint = Endpoint.parse(url)
+        if tls is not None and not self.endpoint.secure:
+            raise ValueError(f"tls= needs a wss:// or grpcs:// URL, got {url!r}")
+        self.url = url
+        self.stats = stats if stats is not None else EdgeStats()
+        self.core = EdgeCore(
+            device_id,
+            streams,
+            resend_buffer_bytes=resend_buffer_bytes,
+            resend_buffer_frames=resend_buffer_frames,
+            stats=self.stats,
+            on_delivered=on_delivered,
+        )
+        self.token = token or ""
+        self.tls = tls
+        self.max_message_bytes = max_message_bytes
+        self.connect_timeout = connect_timeout
+        self.welcome_timeout = welcome_timeout
+        self.wait_for_room = wait_for_room
+        #: The last Welcome (limits, resumed or not); None before the first one.
+        self.welcome: pb.Welcome | None = None
+        self._rng = random.Random(seed)
+        self._closing = False
+        self._run_task: asyncio.Task[None] | None = None
+        self._conn: Connection | None = None
+        self._connected = asyncio.Event()
+        self._wake = asyncio.Event()  # the sender has something to look at
+        self._progress = asyncio.Event()  # replaced on every state change (broadcast)
+        self._welcomes = 0
+
+    # -- state --------------------------------------------------------------------------------
+
+    @property
+    def transport(self) -> Transport:
+        return self.endpoint.transport
+
+    @property
+    def device_id(self) -> str:
+        return self.core.device_id
+
+    @property
+    def session_id(self) -> str:
+        return self.core.session_id
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    @property
+    def undelivered(self) -> int:
+        """Frames published and not yet reported delivered (held for resend)."""
+        return self.core.buffered_frames
+
+    # -- public API ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> EdgeClient:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def start(self, *, wait: bool = True, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        """Start the connection loop; with ``wait``, return once the first Welcome arrived
+        (``ConnectionError`` after ``timeout`` seconds without one)."""
+        if self._closing:
+            raise ClientClosed("this client was closed")
+        if self._run_task is None:
+            self._run_task = asyncio.create_task(self._run(), name=f"edge-{self.device_id}")
+        if wait:
+            try:
+                await asyncio.wait_for(self._connected.wait(), timeout)
+            except TimeoutError:
+                await self.close()
+                raise ConnectionError(
+                    f"{self.device_id}: no Welcome from {self.url} within {timeout} s"
+                ) from None
+
+    def prepare(self, stream_id: str, data: Payload | PreparedPayload) -> PreparedPayload:
+        """Encode ``data`` for ``stream_id`` once, to publish it many times cheaply."""
+        return self.core.prepare(stream_id, data)
+
+    async def publish(
+        self,
+        stream_id: str,
+        data: Payload | PreparedPayload,
+        *,
+        capture_time_ns: int | None = None,
+    ) -> int:
+        """Buffer the next frame of ``stream_id`` for sending; return its seq.
+
+        ``data``: for point-cloud streams a structured or (n, 3) / (n, 4) float NumPy array, a
+        ``bridge.v1.PointCloud`` or its serialized bytes; for telemetry a ``{name: number}``
+        mapping or ``bytes`` (a blob); on either, a :class:`PreparedPayload`. Returns once the
+        frame is buffered (after waiting for room, see the class), not once it is delivered:
+        ``drain`` waits for that. ``capture_time_ns`` defaults to now (wall clock).
+        """
+        payload = self.core.prepare(stream_id, data)
+        if self.wait_for_room:
+            while self.core.must_wait(stream_id, payload.nbytes):
+                if self._closing:
+                    raise ClientClosed(f"{self.device_id}: closed while waiting for room")
+                await self._progress.wait()
+        if self._closing:
+            raise ClientClosed(f"{self.device_id}: publish after close")
+        seq = self.core.publish(
+            stream_id, payload, time.time_ns() if capture_time_ns is None else capture_time_ns
+        )
+        self._wake.set()
+        self._notify()
+        await asyncio.sleep(0)
+        return seq
+
+    async def drain(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109
+        """Wait until every published frame is delivered; ``DeliveryTimeout`` if not in time."""
+        if not await self.wait_delivered(timeout):
+            n = self.core.buffered_frames
+            raise DeliveryTimeout(
+                f"{self.device_id}: {n} frame(s) not delivered within {timeout} s", n
+            )
+
+    async def wait_delivered(self, timeout: float) -> bool:  # noqa: ASYNC109
+        """Like :meth:`drain`, but returns False on timeout instead of raising."""
+        return await self.wait_for(self.core.all_delivered, timeout)
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:  # noqa: ASYNC109
+        """Wait until ``predicate()`` holds after some protocol event; False on timeout."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not predicate():
+                    await self._progress.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Stop reconnecting and close the connection (idempotent). Undelivered frames stay in
+        ``core`` but are no longer sent: call ``drain`` first to be sure they arrived."""
+        self._closing = True
+        self._wake.set()
+        self._notify()
+        task, self._run_task = self._run_task, None
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._conn.close(), 2.0)
+        if task is not None:
+            await cancel_and_wait(task)
+
+    # -- connection loop ----------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    def _backoff(self, attempt: int) -> float:
+        delay = min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** max(0, attempt - 1))
+        return delay * self._rng.uniform(0.5, 1.0)
+
+    async def _open(self) -> Connection:
+        return await open_connection(
+            self.endpoint,
+            token=self.token,
+            tls=self.tls,
+            max_message_bytes=self.max_message_bytes,
+            connect_timeout=self.connect_timeout,
+        )
+
+    async def _run(self) -> None:
+        attempt = 0
+        delay = 0.0
+        while not self._closing:
+            if delay > 0:
+                await asyncio.sleep(delay)
+                if self._closing:
+                    break
+            welcomed_before = self._welcomes
+            drain_delay: float | None = None
+            try:
+                self._conn = await self._open()
+                drain_delay = await self._session(self._conn)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any failure of this connection: reconnect
+                log.debug("%s: connection ended: %r", self.device_id, exc)
+            finally:
+                conn, self._conn = self._conn, None
+                self._connected.clear()
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(conn.close(), 2.0)
+                    self.stats.close_reasons[conn.close_reason()] += 1
+            if self._closing:
+                break
+            if self._welcomes > welcomed_before:
+                self.stats.disconnects += 1
+                attempt = 1
+            else:
+                self.stats.connect_failures += 1
+                attempt += 1
+            delay = drain_delay if drain_delay is not None else self._backoff(attempt)
+            self._notify()
+
+    async def _session(self, conn: Connection) -> float | None:
+        """One connection: Hello, Welcome, then send and receive until it ends.
+
+        Returns the reconnect delay a Drain asked for, or None for a plain disconnect.
+        """
+        # Bounded as one step: a gRPC write can wait on a connection that never comes up.
+        async with asyncio.timeout(self.welcome_timeout):
+            await conn.send(self.core.hello(self.token))
+            first = await conn.recv()
+        if first is None:
+            raise ConnectionError("closed before Welcome")
+        kind = first.WhichOneof("kind")
+        if kind != "welcome":
+            if kind == "error":
+                self.core.on_error(first.error)
+            raise ConnectionError(f"expected Welcome, got {kind}")
+        self.welcome = first.welcome
+        self.core.on_welcome(first.welcome, time.time_ns())
+        if self._welcomes:
+            self.stats.reconnects += 1
+        self._welcomes += 1
+        self._connected.set()
+        self._notify()
+        sender = asyncio.create_task(self._send_loop(conn), name=f"edge-send-{self.device_id}")
+        try:
+            while (msg := await conn.recv()) is not None:
+                drain = self._handle(msg)
+                self._notify()
+                if drain is not None:
+                    return drain
+            return None
+        finally:
+            await cancel_and_wait(sender)
+
+    def _handle(self, msg: pb.BridgeMessage) -> float | None:
+        kind = msg.WhichOneof("kind")
+        if kind == "ack":
+            self.core.on_ack(msg.ack, time.time_ns())
+        elif kind == "flow_control":
+            self.core.on_flow_control(msg.flow_control)
+            self._wake.set()
+        elif kind == "error":
+            log.info("%s: bridge error %s", self.device_id, msg.error.message)
+            self.core.on_error(msg.error)
+        elif kind == "drain":
+            self.stats.drains += 1
+            return msg.drain.reconnect_after_ms / 1000.0
+        elif kind == "welcome":
+            self.stats.errors["UNEXPECTED_WELCOME"] += 1
+        return None
+
+    async def _send_loop(self, conn: Connection) -> None:
+        try:
+            while True:
+                limit = self.welcome.limits.max_frame_bytes if self.welcome else 0
+                entry = self.core.next_to_send(limit)
+                if entry is None:
+                    self._notify()  # next_to_send may have rejected oversized frames
+                    self._wake.clear()
+                    if (entry := self.core.next_to_send(limit)) is None:
+                        await self._wake.wait()
+                        continue
+                await conn.send(entry.data)
+                self.core.mark_sent(entry)
+                # websockets' send() does not yield while the socket takes data.
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("%s: send failed: %r", self.device_id, exc)
+            with contextlib.suppress(Exception):
+                await conn.close()  # the receiver sees the end and the loop reconnects

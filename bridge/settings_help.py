@@ -1,0 +1,74 @@
+"""What each setting means, for ``simbridge serve --help`` (one entry per Settings field).
+
+Kept beside :mod:`bridge.settings` rather than in it so that the settings module stays about
+loading and validating; a unit test fails when a field has no entry here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+HELP: dict[str, str] = {
+    "host": "address the WebSocket, gRPC and HTTP listeners bind to",
+    "ws_port": "WebSocket ingest port (path /v1/ingest); 0 picks a free port",
+    "grpc_port": "gRPC port: Ingest, Visualization.Subscribe, grpc.health.v1; 0 picks a free port",
+    "http_port": "HTTP port: /metrics, /healthz, /readyz, /debug/resources; 0 picks a free port",
+    "max_frame_bytes": "largest message accepted on either transport, in bytes",
+    "max_points": "most points in one cloud",
+    "max_streams_per_session": "most streams one edge may declare in its Hello",
+    "max_sessions": "most attached sessions (and, separately, detached ones kept for resume)",
+    "max_subscribers": "most Visualization.Subscribe viewers at once",
+    "subscriber_queue_frames": "frames queued per viewer before it gets slow_subscriber gaps",
+    "ring_budget_bytes": "bytes all stream rings share; with adapt, used only when memory is "
+    "unlimited (otherwise planned from the memory limit)",
+    "ring_floor_bytes": "smallest ring per stream, in bytes (0 = max_frame_bytes)",
+    "overflow_policy": "default per-stream policy when a ring is full: backpressure pauses the "
+    "edge and never drops; drop_oldest evicts, counts and announces a gap",
+    "workers": "decimation worker threads (0 = from the CPU quota, re-planned live)",
+    "worker_depth": "frames queued per worker",
+    "decimate_backend": "decimation backend; auto picks cuda > c > numpy; an explicit backend "
+    "that is unavailable is a startup error",
+    "voxel_size": "default voxel edge for streams whose Hello does not set one (cloud units)",
+    "passthrough": "do not decimate: relay clouds as received",
+    "sink_address": "host:port of the VisualizationSink to push to (empty = no sink; frames count "
+    "as delivered once offered to subscribers)",
+    "sink_backoff_initial_seconds": "first reconnect delay to the sink",
+    "sink_backoff_max_seconds": "longest reconnect delay to the sink (exponential, with jitter)",
+    "sink_handshake_timeout_seconds": "how long the sink has to send its watermarks on a new "
+    "Push stream",
+    "ping_interval_seconds": "WebSocket/gRPC keepalive ping interval",
+    "ping_timeout_seconds": "close a connection whose ping is unanswered this long",
+    "ack_interval_seconds": "acks to an edge are coalesced over this interval",
+    "ack_accepted_delay_seconds": "an accepted-only ack waits this long for a delivered one",
+    "session_ttl_seconds": "how long a detached session is kept for resume",
+    "drain_grace_seconds": "after SIGTERM, how long to deliver what is buffered before exiting",
+    "reconnect_after_ms": "reconnect delay the Drain message tells edges",
+    "cgroup_poll_seconds": "how often the cgroup limit files are read (they raise no events)",
+    "resize_pending_timeout_seconds": "raise an Event and bridge_resize_pending when an in-place "
+    "resize stays pending this long",
+    "adapt": "re-plan workers, ring budgets and GPU batches live from the limits the pod has",
+    "tune_allocator": "glibc: serve frames from the heap and trim it after planned ring shrinks",
+    "log_format": "log format; json = one object per line on stderr (and a JSON ready line)",
+    "log_level": "log level",
+    "auth_token": "bearer token edges must present (Hello.auth_token or Authorization: Bearer); "
+    "empty = no authentication",
+    "tls_cert_file": "PEM certificate chain: serve WSS and TLS gRPC on the ingest ports",
+    "tls_key_file": "PEM private key for tls_cert_file",
+    "tls_client_ca_file": "PEM CA bundle: edges must present a certificate it signed (mTLS)",
+    "sink_ca_file": "PEM CA bundle: connect to the sink over TLS and verify it",
+    "sink_cert_file": "PEM client certificate for mTLS to the sink (re-read on every reconnect)",
+    "sink_key_file": "PEM private key for sink_cert_file",
+}
+
+
+def flag_help(name: str, default: object, choices: Sequence[str] | None) -> str:
+    """``description; one of: a, b (default X; env BRIDGE_NAME)`` for one setting's flag.
+
+    Percent signs are doubled: argparse formats help strings with ``%``.
+    """
+    parts = [HELP.get(name, name.replace("_", " "))]
+    if choices:
+        parts.append("one of: " + ", ".join(choices))
+    shown = "" if name == "auth_token" else repr(default)
+    text = "; ".join(parts) + f" (default {shown or 'empty'}; env BRIDGE_{name.upper()})"
+    return text.replace("%", "%%")
