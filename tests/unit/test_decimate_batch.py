@@ -110,3 +110,27 @@ def test_real_cuda_batch_matches_cpu() -> None:
     for (data, v), r in zip(frames, got, strict=True):
         assert isinstance(r, DecimationResult)
         assert r.data == ref.downsample(XYZ, data, v).data
+
+
+def test_capacity_hands_the_planned_batch_size_to_the_batcher() -> None:
+    from types import SimpleNamespace
+    from typing import Any
+
+    from bridge.capacity import Capacity
+
+    batcher = GpuBatcher(RecordingGpu(), get_decimator("numpy"), batch_points=5)
+    dummy: Any = SimpleNamespace()
+    cap = Capacity(
+        dummy,
+        dummy,
+        dummy,
+        dummy,
+        decimator=batcher,
+        cpu_decimator=None,
+        pinned_workers=False,
+        baseline_rss=0,
+    )
+    cap.set_gpu_batch_points(123_456)
+    assert batcher.batch_points == 123_456
+    cap.set_gpu_batch_points(0)
+    assert batcher.downsample(XYZ, frame(9), 0.5).backend == "numpy"
