@@ -33,11 +33,13 @@ import numpy as np
 import numpy.typing as npt
 
 from benchmarks.decimate_peers import (
+    CLOCK,
     Timed,
     pcl_harness,
     pcl_timed,
     read_frame,
     service_timed,
+    use_cpu_time,
 )
 from bridge.cloud import CloudLayout, make_layout
 from bridge.decimate.backends import available_backends, get_decimator
@@ -229,12 +231,13 @@ def _release_scratch() -> None:
 
 def time_runs(run: Runner, repeats: int, budget_s: float) -> list[float]:
     times: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while len(times) < repeats or (len(times) < 3 * repeats and time.perf_counter() < deadline):
-        start = time.perf_counter()
+    now = CLOCK["now"]
+    deadline = now() + budget_s
+    while len(times) < repeats or (len(times) < 3 * repeats and now() < deadline):
+        start = now()
         run()
-        times.append(time.perf_counter() - start)
-        if len(times) >= 3 and time.perf_counter() > deadline:
+        times.append(now() - start)
+        if len(times) >= 3 and now() > deadline:
             break
     return times
 
@@ -430,6 +433,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gil", action="store_true", help="skip the two-thread GIL figure")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per method (median)")
     p.add_argument("--threads", type=int, help="C threads for the 'c xN' row (default: CPUs)")
+    p.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with process CPU time instead of wall time (steadier on a shared machine; "
+        "one-thread rows only: a multi-threaded call counts every thread's time)",
+    )
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -473,6 +482,7 @@ def plan_cases(args: argparse.Namespace) -> Iterable[Case]:
 
 
 def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
+    use_cpu_time(args.cpu_time)
     cpus = args.threads or _cpus()
     wanted = set(args.methods.split(","))
     o3d = _open3d()
@@ -486,6 +496,7 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
             "backends": available_backends(),
             "machine": platform.machine(),
             "load_avg_1m": _load_avg(),
+            "clock": "process CPU time" if args.cpu_time else "wall",
         }
     )
     emit(_header(report.env))

@@ -1,5 +1,5 @@
 // PCL VoxelGrid timing harness for benchmarks/decimate.py (built on demand, never shipped).
-// Usage: pcl_voxelgrid FILE HAS_RGB VOXEL REPEATS
+// Usage: pcl_voxelgrid FILE HAS_RGB VOXEL REPEATS [wall|cpu]
 //   FILE: little-endian records of float32 x, y, z (+ uint32 packed rgb when HAS_RGB is 1),
 //   finite points only (PCL keeps NaN handling to the caller too). Prints
 //   "<median seconds of filter()> <output points>". The cloud is loaded once; only filter() is
@@ -9,11 +9,24 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <string>
 #include <vector>
+
+static bool cpu_clock = false;
+
+static double now() {
+    if (cpu_clock) {
+        timespec t;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+        return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 template <class P>
 static int run(const std::vector<char> &raw, size_t stride, float voxel, int reps) {
@@ -38,9 +51,9 @@ static int run(const std::vector<char> &raw, size_t stride, float voxel, int rep
     grid.filter(out);
     std::vector<double> times;
     for (int k = 0; k < reps; k++) {
-        auto t0 = std::chrono::steady_clock::now();
+        const double t0 = now();
         grid.filter(out);
-        times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        times.push_back(now() - t0);
     }
     std::sort(times.begin(), times.end());
     std::printf("%.9f %zu\n", times[times.size() / 2], out.size());
@@ -48,10 +61,11 @@ static int run(const std::vector<char> &raw, size_t stride, float voxel, int rep
 }
 
 int main(int argc, char **argv) {
-    if (argc != 5) {
-        std::fprintf(stderr, "usage: %s FILE HAS_RGB VOXEL REPEATS\n", argv[0]);
+    if (argc != 5 && argc != 6) {
+        std::fprintf(stderr, "usage: %s FILE HAS_RGB VOXEL REPEATS [wall|cpu]\n", argv[0]);
         return 2;
     }
+    cpu_clock = argc == 6 && std::string(argv[5]) == "cpu";
     std::ifstream f(argv[1], std::ios::binary);
     std::vector<char> raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     const bool rgb = std::atoi(argv[2]) != 0;
