@@ -37,6 +37,7 @@ from benchmarks.decimate_peers import (
     Timed,
     pcl_harness,
     pcl_timed,
+    ratio_summary,
     read_frame,
     service_timed,
     use_cpu_time,
@@ -321,28 +322,6 @@ def bench_case(
     return rows
 
 
-def summary(rows: list[Row]) -> str:
-    """One line per case: the ratios the targets are stated in (same inputs, same run)."""
-    by = {r.method: r for r in rows}
-    c1 = by.get("c x1")
-    if c1 is None:
-        return ""
-    parts = [f"{rows[0].case}:"]
-    if c1.ratio_vs_pcl is not None:
-        parts.append(f"c x1 / pcl {c1.ratio_vs_pcl:.2f}")
-    if c1.ratio_vs_open3d_best is not None:
-        parts.append(f"c x1 / o3d best {c1.ratio_vs_open3d_best:.2f}")
-    multi = [r for r in rows if r.method.startswith("c x") and r.method[3:].isdigit()]
-    top = max(multi, key=lambda r: int(r.method[3:]))
-    if top is not c1:
-        parts.append(f"{top.method} / c x1 {top.mpts_per_s / c1.mpts_per_s:.2f}")
-    for r in rows:
-        bare = by.get(r.method.removesuffix(" service"))
-        if r.method.endswith(" service") and bare is not None:
-            parts.append(f"{r.method} / bare {r.median_s / bare.median_s:.2f}x time")
-    return "  " + "  ".join(parts)
-
-
 def gil_figure(name: str, run: Runner, points: int, rounds: int) -> GilRow:
     """Two long-lived Python threads calling ``run`` at once vs one thread: throughput ratio.
 
@@ -526,7 +505,7 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
         report.rows += rows
         for r in rows:
             emit(_fmt_row(r))
-        line = summary(rows)
+        line = ratio_summary(rows)
         if line:
             emit(line)
         counts = {r.out_points for r in rows if r.method not in ("o3d legacy", "pcl voxelgrid")}

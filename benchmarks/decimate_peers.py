@@ -1,8 +1,8 @@
 """What ``benchmarks/decimate.py`` measures besides our backends: PCL's ``VoxelGrid`` (a small
 C++ harness built on demand), the bridge's in-service path, and real frames from disk.
 
-PCL is the strongest CPU peer (DESIGN.md §8), but a Python binding would measure the binding: the
-harness loads the cloud once and times only ``filter()`` (median after a warm-up), so PCL gets
+PCL is the strongest CPU peer for voxel decimation, but a Python binding would measure the
+binding: the harness loads the cloud once and times only ``filter()`` (median after a warm-up), so PCL gets
 the benefit of every doubt. It is built into ``build/bench/`` (ignored by git) when Debian's
 ``libpcl-dev`` headers are there, and skipped with the reason otherwise.
 """
@@ -170,3 +170,25 @@ def read_frame(
     finite = np.isfinite(xyz).all(axis=1)
     frgb = None if rgb is None else np.ascontiguousarray(rgb[finite])
     return XYZRGB_LAYOUT, rec.tobytes(), np.ascontiguousarray(xyz[finite]), frgb
+
+
+def ratio_summary(rows: list[Any]) -> str:
+    """One line per case: the ratios the targets are stated in (same inputs, same run)."""
+    by = {r.method: r for r in rows}
+    c1 = by.get("c x1")
+    if c1 is None:
+        return ""
+    parts = [f"{rows[0].case}:"]
+    if c1.ratio_vs_pcl is not None:
+        parts.append(f"c x1 / pcl {c1.ratio_vs_pcl:.2f}")
+    if c1.ratio_vs_open3d_best is not None:
+        parts.append(f"c x1 / o3d best {c1.ratio_vs_open3d_best:.2f}")
+    multi = [r for r in rows if r.method.startswith("c x") and r.method[3:].isdigit()]
+    top = max(multi, key=lambda r: int(r.method[3:]))
+    if top is not c1:
+        parts.append(f"{top.method} / c x1 {top.mpts_per_s / c1.mpts_per_s:.2f}")
+    for r in rows:
+        bare = by.get(r.method.removesuffix(" service"))
+        if r.method.endswith(" service") and bare is not None:
+            parts.append(f"{r.method} / bare {r.median_s / bare.median_s:.2f}x time")
+    return "  " + "  ".join(parts)
