@@ -2,9 +2,9 @@
 C++ harness built on demand), the bridge's in-service path, and real frames from disk.
 
 PCL is the strongest CPU peer for voxel decimation, but a Python binding would measure the
-binding: the harness loads the cloud once and times only ``filter()`` (median after a warm-up), so PCL gets
-the benefit of every doubt. It is built into ``build/bench/`` (ignored by git) when Debian's
-``libpcl-dev`` headers are there, and skipped with the reason otherwise.
+binding: the harness loads the cloud once and times only ``filter()`` (median after a warm-up),
+so PCL gets the benefit of every doubt. It is built into ``build/bench/`` (ignored by git) when
+Debian's ``libpcl-dev`` headers are there, and skipped with the reason otherwise.
 """
 
 from __future__ import annotations
