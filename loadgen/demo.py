@@ -80,7 +80,7 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     return override(s, duration_s=getattr(args, "duration", None))
 
 
-def _execute(args: argparse.Namespace, s: Scenario) -> int:
+def _execute(args: argparse.Namespace, s: Scenario, frame_hook: Any = None) -> int:
     from loadgen.runner import run_scenario
 
     out = Path(args.out)
@@ -97,6 +97,7 @@ def _execute(args: argparse.Namespace, s: Scenario) -> int:
                     baseline=args.baseline,
                     real_cpu=not args.no_real_cpu,
                     progress=progress.update,
+                    frame_hook=frame_hook,
                 )
             )
         except (RuntimeError, OSError) as exc:
@@ -255,11 +256,28 @@ def _execute_external(args: argparse.Namespace, s: Scenario, targets: list[Targe
 
 def configure_demo(p: argparse.ArgumentParser) -> None:
     _common(p)
+    p.add_argument("--no-view", action="store_true", help="do not start `simbridge view`")
 
 
 def demo_command(args: argparse.Namespace) -> int:
     s = builtin("demo")
-    return _execute(args, s)
+    if args.no_view:
+        return _execute(args, s)
+    from bridge.view.sidecar import ViewSidecar  # the delivered frames, live and in MCAP
+
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    view = ViewSidecar(Path(args.out) / f"demo-{stamp}-view", Path(args.out) / "view.log")
+    try:
+        view.start()
+    except (RuntimeError, OSError) as exc:
+        _say(args, f"{exc}; running without it")
+        return _execute(args, s)
+    try:
+        print("\n".join(["simbridge view (the delivered frames):", *view.where()]), flush=True)
+        return _execute(args, s, frame_hook=view.hook)
+    finally:
+        view.stop()
+        print("\n".join(["recorded by simbridge view:", *view.where()[2:]]), flush=True)
 
 
 def configure_report(p: argparse.ArgumentParser) -> None:

@@ -47,6 +47,8 @@ MODES = ("in-place", "restart")
 #: a memory decrease "below usage" targets at least this much below the usage at that moment
 BELOW_USAGE_MARGIN = 2 << 20
 ProgressFn = Callable[[dict[str, Any]], None]
+#: Sees every new frame the sink records, with the run's mode (e.g. to tee it to a viewer).
+FrameHook = Callable[[str, Any], None]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,6 +68,7 @@ class Run:
         real_cpu: bool = True,
         progress: ProgressFn | None = None,
         stem: str | None = None,
+        frame_hook: FrameHook | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
@@ -75,6 +78,7 @@ class Run:
         self.backend_name = backend if mode == "in-place" else "local"
         self.real_cpu = real_cpu
         self.progress = progress
+        self.frame_hook = frame_hook
         self.tmp = Path(tempfile.mkdtemp(prefix=f"simbridge-{mode}-"))
         self.backend: LocalBackend = make_backend(
             self.backend_name, self.tmp / "cgroup", real_cpu=real_cpu
@@ -124,7 +128,9 @@ class Run:
         payloads, self.cloud_note = await asyncio.to_thread(prepare_clouds, self.s)
         try:
             await self.backend.start(self.s.initial_cpu, self.s.initial_memory)
-            self.sink = SinkServer(record_path=self.record_path, fsync=False)
+            hook = self.frame_hook
+            on_frame = None if hook is None else (lambda f: hook(self.mode, f))
+            self.sink = SinkServer(record_path=self.record_path, fsync=False, on_frame=on_frame)
             await self.sink.start()
             t_start = time.time_ns()
             bridge = await self._start_bridge()
@@ -459,6 +465,7 @@ async def run_scenario(
     baseline: str | None = None,
     real_cpu: bool = True,
     progress: ProgressFn | None = None,
+    frame_hook: FrameHook | None = None,
 ) -> dict[str, Any]:
     """Run in place, then (unless the baseline is ``none``) the restart baseline; the report."""
     from loadgen.report import SCHEMA_VERSION, host_info
@@ -476,6 +483,7 @@ async def run_scenario(
             real_cpu=real_cpu,
             progress=progress,
             stem=stem,
+            frame_hook=frame_hook,
         )
         runs.append(await run.execute())
     return {
