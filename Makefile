@@ -76,7 +76,7 @@ bench-relay: venv
 	$(PY) -m benchmarks.relay
 
 bench-decimate: venv
-	$(VENV)/bin/simbridge bench decimate
+	$(PY) -m benchmarks.decimate
 
 bench-adapt: venv
 	$(PY) -m benchmarks.adapt

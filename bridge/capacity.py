@@ -92,6 +92,12 @@ class Capacity:
                 chosen.name if chosen else "none",
             )
 
+    def set_gpu_batch_points(self, points: int) -> None:
+        """The plan's GPU batch size (0: frame by frame on the CPU decimator)."""
+        setter = getattr(self.decimator, "set_batch_points", None)
+        if setter is not None:
+            setter(points)
+
     def active_streams(self) -> int:
         return len(self._core.streams)
 
