@@ -27,7 +27,7 @@ from bridge.resources.cgroup import open_cgroup
 from bridge.resources.describe import describe_plan, describe_snapshot, render_text
 from bridge.resources.from_settings import plan_settings
 from bridge.resources.gpu import GpuProbe
-from bridge.resources.kubeapi import KubeClient, KubeConfig, KubeError, own_pod_from_env
+from bridge.resources.kubeapi import KubeConfig, KubeError, own_pod_from_env
 from bridge.resources.plan import make_plan
 from bridge.resources.podsource import PodSource, PodUpdate
 from bridge.resources.snapshot import Snapshot, Sourced
@@ -41,13 +41,18 @@ async def _fetch_pod(
         why = "no API configured" if config is None else "BRIDGE_POD_NAME/NAMESPACE not set"
         return None, {"configured": False, "why": why}
     info: dict[str, Any] = {"configured": True, "api": config.base_url, "pod": "/".join(ref)}
-    source = PodSource(KubeClient(config, timeout=wait_s), ref[0], ref[1], lambda u: None)
+    from bridge.resources.kubelight import connect  # lightkube only with a cluster
+
+    api = connect(config, timeout=wait_s)
+    source = PodSource(api, ref[0], ref[1], lambda u: None)
     try:
         async with asyncio.timeout(wait_s):
             update = await source.fetch_once()
     except (KubeError, TimeoutError, ValueError) as e:
         info["error"] = str(e) or repr(e)
         return None, info
+    finally:
+        await api.close()
     info["problems"] = list(update.problems)
     return update, info
 
