@@ -503,7 +503,10 @@ def _fmt_row(r: Row) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``simbridge bench decimate``; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.no_real and not args.real.is_dir():  # an error, never a quietly smaller benchmark
+        parser.error(f"--real {args.real}: no such directory (--no-real skips the real frames)")
     if args.json:
         report = run(args, lambda _line: None)
         print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +32,14 @@ def test_inputs_are_deterministic() -> None:
     assert case.points == 2000
     with pytest.raises(ValueError, match="shape"):
         synthetic_case("cube", 10, 0.2, 0)
+
+
+def test_missing_real_frames_directory_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing data folder stops the benchmark instead of silently dropping the real frames."""
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(SystemExit) as info:
+        main(["--sizes", "3k", "--voxels", "0.5", "--shapes", "lidar", "--real", str(missing)])
+    assert info.value.code == 2
+    assert f"--real {missing}: no such directory" in capsys.readouterr().err
