@@ -6,23 +6,25 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
-.PHONY: run test lint proto chart-docs venv sysdeps bench-relay bench-decimate bench-adapt test-sanitize fuzz clean
+.PHONY: run test lint proto chart-docs venv sysdeps bench-relay bench-decimate bench-adapt bench-view test-sanitize fuzz clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e '.[test,dev]'
+	$(PY) -m pip install -q -e '.[test,dev,loadgen,gpu,view]'
 	touch $(STAMP)
 
 venv: $(STAMP) sysdeps
 
 # System packages (Debian): libusb for Open3D's wheel (see the README), shellcheck for the deploy
-# scripts' test. Installed when we are root with apt-get; otherwise those tests skip visibly.
-SYSPKGS := libusb-1.0-0 shellcheck
+# scripts' test, chromium for the view page's browser test. Installed when we are root with
+# apt-get; otherwise those tests skip visibly.
+SYSPKGS := libusb-1.0-0 shellcheck chromium
 sysdeps:
 	@missing=""; \
 	ldconfig -p 2>/dev/null | grep -q 'libusb-1.0.so.0' || missing="$$missing libusb-1.0-0"; \
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    (apt-get install -y -q $$missing >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $$missing >/dev/null 2>&1)) \
@@ -73,6 +75,9 @@ bench-decimate: venv
 
 bench-adapt: venv
 	$(PY) -m benchmarks.adapt
+
+bench-view: venv
+	$(PY) -m benchmarks.view
 
 clean:
 	rm -rf $(VENV) build *.egg-info

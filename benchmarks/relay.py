@@ -52,547 +52,90 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
-import math
 import os
-import platform
-import signal
-import socket
-import struct
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
-
-import grpc
-import numpy as np
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
-
-from benchmarks._relay_servers import RAW_SINK_METHOD, RELAY_INGEST_METHOD, grpc_options
-from bridge.v1 import bridge_pb2 as pb
-
-ROOT = Path(__file__).resolve().parents[1]
-MiB = 1 << 20
-
-SIZES: dict[str, int] = {"1KB": 1024, "100KB": 100 * 1024, "1.2MB": 1_200_000}
-"""Point-cloud payload bytes per message (1.2 MB = 100 k xyz float32 points)."""
-CONNS = (1, 32)
-TARGETS = ("raw-ws", "bridge-ws", "raw-grpc", "bridge-grpc")
-QUICK_SIZES = ("1KB", "1.2MB")
-QUICK_CONNS = (1,)
-
-MAX_FRAME_BYTES = 4 * MiB
-"""--max-frame-bytes for the bridge and every size cap on both sides (above 1.2 MB + framing)."""
-RAW_HEADER = struct.Struct("<qII")
-"""Raw relay messages start with: send time_ns, connection token, sequence number."""
-ACK_EVERY = 16
-ACK_IDLE_SECONDS = 0.002
-DRAIN_TIMEOUT = 20.0
-SINK_PUSH_METHOD = "/bridge.v1.VisualizationSink/Push"
-INGEST_METHOD = "/bridge.v1.Ingest/Connect"
-# First byte of a BridgeMessage by its oneof (field << 3 | length-delimited): clients look into
-# Error, Drain and FlowControl only; Acks, the bulk of the replies, are discarded unparsed.
-_FLOW_TAG, _ERROR_TAG, _DRAIN_TAG = 0x1A, 0x22, 0x2A
-
-
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    """Protobuf base-128 varint at ``buf[i]``: (value, index after it)."""
-    b = buf[i]
-    if b < 0x80:
-        return b, i + 1
-    result, shift = b & 0x7F, 7
-    while True:
-        i += 1
-        b = buf[i]
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, i + 1
-        shift += 7
-
-
-def scan_processed(buf: bytes) -> tuple[bytes, int, int, int]:
-    """(device_id, seq, capture_time_ns, bridge_seq) of a serialized ProcessedFrame.
-
-    Walks the top-level fields only, so the cloud is skipped, not copied (``FromString`` would copy
-    1.2 MB per frame in the sink, i.e. in the load process, and blur the comparison).
-    """
-    device, seq, capture, bridge_seq = b"", 0, 0, 0
-    i, n = 0, len(buf)
-    while i < n:
-        key, i = _varint(buf, i)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(buf, i)
-            if number == 2:
-                seq = value
-            elif number == 4:
-                capture = value
-            elif number == 11:
-                bridge_seq = value
-        elif wire == 2:
-            length, i = _varint(buf, i)
-            if number == 3:
-                device = buf[i : i + length]
-            i += length
-        elif wire == 1:
-            i += 8
-        elif wire == 5:
-            i += 4
-        else:
-            raise ValueError(f"unexpected wire type {wire}")
-    return device, seq, capture, bridge_seq
-
-
-# -- accounting ------------------------------------------------------------------------------
-
-
-class Conn:
-    """Per-connection accounting shared by its client (sends) and the sink (arrivals)."""
-
-    def __init__(self, index: int, window: int) -> None:
-        self.index = index
-        self.window = asyncio.Semaphore(window)
-        self.sent = 0
-        self.completed = 0
-        self.next_seq = 1  # the seq the sink expects next from this connection
-        self.errors: list[str] = []
-        self.backpressure = 0  # FlowControl PAUSE seen (bridge targets)
-
-    def arrive(self, seq: int) -> None:
-        if seq != self.next_seq:
-            self.errors.append(f"conn {self.index}: seq {seq} arrived, expected {self.next_seq}")
-        self.next_seq = seq + 1
-        self.completed += 1
-        self.window.release()
-
-
-class Cell:
-    """One (target, size, conns) measurement: the sink routes arrivals here by connection key."""
-
-    def __init__(self, number: int, conns: int, window: int) -> None:
-        self.number = number
-        self.conns = [Conn(i, window) for i in range(conns)]
-        self.by_key: dict[bytes | int, Conn] = {}
-        self.arrivals: list[int] = []
-        self.latencies: list[int] = []
-        self.sink_received = 0  # every message the sink saw during this cell, routed or not
-        self.stray = 0
-
-    def device_id(self, i: int) -> str:
-        return f"bench-{self.number}-{i}"
-
-    def token(self, i: int) -> int:
-        return (self.number << 16) | i
-
-    def register(self) -> None:
-        for conn in self.conns:
-            self.by_key[self.device_id(conn.index).encode()] = conn
-            self.by_key[self.token(conn.index)] = conn
-
-    def arrive(self, key: bytes | int, seq: int, sent_ns: int, now_ns: int) -> None:
-        self.sink_received += 1
-        conn = self.by_key.get(key)
-        if conn is None:
-            self.stray += 1
-            return
-        self.arrivals.append(now_ns)
-        self.latencies.append(now_ns - sent_ns)
-        conn.arrive(seq)
-
-    @property
-    def sent(self) -> int:
-        return sum(c.sent for c in self.conns)
-
-    @property
-    def completed(self) -> int:
-        return sum(c.completed for c in self.conns)
-
-
-# -- the sink --------------------------------------------------------------------------------
-
-
-class BenchSink:
-    """The visualization sink every target pushes to, in this process.
-
-    Two methods on one gRPC server: the bridge's ``VisualizationSink/Push`` (watermark ack first,
-    then cumulative acks; the bridge holds every frame until acked) and the raw relays' protocol-
-    free ``RawSink/Push``. Both stamp the arrival time before anything else and hand the message
-    to the current :class:`Cell`. Requests stay raw bytes: no protobuf copy of the payload.
-    """
-
-    def __init__(self, max_bytes: int = MAX_FRAME_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self.cell: Cell | None = None
-        self.stray = 0  # arrivals outside any cell (should stay 0)
-        self.bridge_streams = 0
-        self.raw_streams = 0
-        self.acks_sent = 0
-        self._server: Any = None
-        self.port = 0
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def reserve_port(self) -> int:
-        """Pick the port before listening, so the relays can be started first."""
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        return self.port
-
-    async def start(self) -> int:
-        server = grpc.aio.server(options=grpc_options(self.max_bytes + 64 * 1024))
-        for path, handler in (
-            (SINK_PUSH_METHOD, grpc.stream_stream_rpc_method_handler(self._bridge_push)),
-            (RAW_SINK_METHOD, grpc.stream_unary_rpc_method_handler(self._raw_push)),
-        ):
-            service, method = path.strip("/").split("/")
-            server.add_generic_rpc_handlers(
-                (grpc.method_handlers_generic_handler(service, {method: handler}),)
-            )
-        self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
-        if not self.port:
-            raise OSError("the sink cannot bind its port")
-        await server.start()
-        self._server = server
-        return self.port
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(0.5)
-            self._server = None
-
-    def _arrive(self, key: bytes | int, seq: int, sent_ns: int, now_ns: int) -> None:
-        cell = self.cell
-        if cell is None:
-            self.stray += 1
-        else:
-            cell.arrive(key, seq, sent_ns, now_ns)
-
-    async def _raw_push(self, requests: Any, _context: Any) -> bytes:
-        self.raw_streams += 1
-        unpack = RAW_HEADER.unpack_from
-        clock = time.time_ns
-        async for raw in requests:
-            now = clock()
-            sent_ns, token, seq = unpack(raw)
-            self._arrive(token, seq, sent_ns, now)
-        return b""
-
-    async def _bridge_push(self, requests: Any, context: Any) -> None:
-        self.bridge_streams += 1
-        high = 0
-        unacked = 0
-        wake = asyncio.Event()
-        ended = False
-
-        async def reader() -> None:
-            nonlocal high, unacked, ended
-            clock = time.time_ns
-            try:
-                async for raw in requests:
-                    now = clock()
-                    device, seq, capture_ns, bridge_seq = scan_processed(raw)
-                    self._arrive(device, seq, capture_ns, now)
-                    high = max(high, bridge_seq)
-                    unacked += 1
-                    if unacked >= ACK_EVERY:
-                        wake.set()
-            finally:
-                ended = True
-                wake.set()
-
-        task = asyncio.create_task(reader(), name="bench-sink-reader")
-        try:
-            # The bridge sends nothing before the watermark ack; this sink holds nothing.
-            await context.write(pb.SinkAck(bridge_seq=0).SerializeToString())
-            acked = 0
-            while not ended:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(ACK_IDLE_SECONDS):
-                        await wake.wait()
-                wake.clear()
-                if high > acked:
-                    acked, unacked = high, 0
-                    await context.write(pb.SinkAck(bridge_seq=acked).SerializeToString())
-                    self.acks_sent += 1
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-
-# -- load clients ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Payload:
-    """What one message carries at one size: the cloud bytes (bridge) and an opaque body of the
-    same total wire size (raw), so both targets move the same number of bytes per message."""
-
-    name: str
-    cloud: bytes
-    raw_body: bytes
-    wire_bytes: int
-
-    @classmethod
-    def build(cls, name: str, size: int) -> Payload:
-        points = np.random.default_rng(size).uniform(-50, 50, (size // 12, 3)).astype("<f4")
-        cloud = points.tobytes()
-        wire = len(bridge_encoder(cloud)(1, time.time_ns()))
-        return cls(name, cloud, os.urandom(wire - RAW_HEADER.size), wire)
-
-
-def raw_encoder(token: int, body: bytes) -> Callable[[int, int], bytes]:
-    """Header + body: one copy of the payload per message."""
-    pack = RAW_HEADER.pack
-
-    def encode(seq: int, now_ns: int) -> bytes:
-        return pack(now_ns, token, seq) + body
-
-    return encode
-
-
-def bridge_encoder(cloud: bytes) -> Callable[[int, int], bytes]:
-    """One EdgeMessage per connection, mutated per send: a serialization is one payload copy,
-    the same single copy the raw clients pay to stamp their header."""
-    fields = [
-        pb.PackedField(name=name, offset=4 * i, type=pb.FLOAT32) for i, name in enumerate("xyz")
-    ]
-    msg = pb.EdgeMessage(
-        frame=pb.Frame(
-            stream_id="cloud", point_cloud=pb.PointCloud(point_stride=12, fields=fields, data=cloud)
-        )
-    )
-    frame = msg.frame
-
-    def encode(seq: int, now_ns: int) -> bytes:
-        frame.seq = seq
-        frame.capture_time_ns = now_ns
-        return msg.SerializeToString()
-
-    return encode
-
-
-class Client:
-    """One edge connection: closed-loop sends (``window`` in flight), discards what comes back.
-
-    ``bridge``: speak the bridge protocol (Hello/Welcome, Frames, read every reply) rather than
-    sending opaque bytes to a raw relay.
-    """
-
-    yield_after_send = False
-
-    def __init__(self, cell: Cell, conn: Conn, payload: Payload, *, bridge: bool) -> None:
-        self.cell = cell
-        self.conn = conn
-        self.bridge = bridge
-        self.encode = (
-            bridge_encoder(payload.cloud)
-            if bridge
-            else raw_encoder(cell.token(conn.index), payload.raw_body)
-        )
-        self._reader: asyncio.Task[None] | None = None
-
-    async def open(self, address: str) -> None:
-        raise NotImplementedError
-
-    async def write(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    async def close(self) -> None:
-        raise NotImplementedError
-
-    def hello(self) -> bytes:
-        spec = pb.StreamSpec(stream_id="cloud", kind=pb.POINT_CLOUD, passthrough=True)
-        hello = pb.Hello(device_id=self.cell.device_id(self.conn.index), streams=[spec])
-        return pb.EdgeMessage(hello=hello).SerializeToString()
-
-    @staticmethod
-    def check_welcome(raw: object) -> None:
-        if not isinstance(raw, bytes):
-            raise ConnectionError(f"expected a Welcome, got {raw!r:.80}")
-        msg = pb.BridgeMessage.FromString(raw)
-        if msg.WhichOneof("kind") != "welcome":
-            raise ConnectionError(f"expected a Welcome, got {msg}")
-
-    def on_bridge_message(self, raw: bytes) -> None:
-        """Acks are discarded unparsed; errors and drains fail the cell; pauses are counted."""
-        tag = raw[0] if raw else 0
-        if tag in (_ERROR_TAG, _DRAIN_TAG):
-            msg = pb.BridgeMessage.FromString(raw)
-            self.conn.errors.append(f"conn {self.conn.index}: bridge sent {msg}".strip())
-        elif tag == _FLOW_TAG:
-            msg = pb.BridgeMessage.FromString(raw)
-            if msg.flow_control.action == pb.FlowControl.PAUSE:
-                self.conn.backpressure += 1
-
-    async def send_loop(self, stop: asyncio.Event) -> None:
-        conn = self.conn
-        window = conn.window
-        encode, write = self.encode, self.write
-        yield_after_send = self.yield_after_send
-        clock = time.time_ns
-        seq = 0
-        try:
-            while True:
-                await window.acquire()
-                if stop.is_set():
-                    window.release()
-                    return
-                seq += 1
-                conn.sent += 1  # counted before the await: the sink may see it before we resume
-                await write(encode(seq, clock()))
-                if yield_after_send:
-                    await asyncio.sleep(0)
-        except (ConnectionClosed, grpc.aio.AioRpcError, ConnectionError) as exc:
-            conn.errors.append(f"conn {conn.index}: send failed: {type(exc).__name__}: {exc}")
-
-
-class WsClient(Client):
-    # ``await ws.send()`` does not yield while the socket takes data (docs/design.md §6): without an
-    # explicit yield, 32 "concurrent" connections would take turns.
-    yield_after_send = True
-    ws: ClientConnection
-
-    async def open(self, address: str) -> None:
-        path = "/v1/ingest" if self.bridge else "/relay"
-        self.ws = await connect(
-            f"ws://{address}{path}",
-            compression=None,  # permessage-deflate would dominate (docs/design.md §2)
-            max_size=MAX_FRAME_BYTES + 64 * 1024,
-            ping_interval=None,
-        )
-        if self.bridge:
-            await self.ws.send(self.hello())
-            self.check_welcome(await asyncio.wait_for(self.ws.recv(), 10))
-            self._reader = asyncio.create_task(self._read(), name="bench-ws-reader")
-
-    async def _read(self) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            async for raw in self.ws:
-                if isinstance(raw, bytes):
-                    self.on_bridge_message(raw)
-
-    async def write(self, data: bytes) -> None:
-        await self.ws.send(data)
-
-    async def close(self) -> None:
-        await self.ws.close()
-        if self._reader is not None:
-            await asyncio.wait_for(self._reader, 5)
-
-
-class GrpcClient(Client):
-    channel: grpc.aio.Channel
-    call: Any
-
-    async def open(self, address: str) -> None:
-        # A private subchannel pool gives each client its own TCP connection, like the
-        # WebSocket clients (channels with equal arguments otherwise share one connection).
-        options: list[tuple[str, Any]] = [
-            *grpc_options(MAX_FRAME_BYTES + 64 * 1024),
-            ("grpc.use_local_subchannel_pool", 1),
-        ]
-        self.channel = grpc.aio.insecure_channel(address, options=options)
-        if not self.bridge:
-            method = self.channel.stream_unary(
-                RELAY_INGEST_METHOD, request_serializer=None, response_deserializer=None
-            )
-            self.call = method(wait_for_ready=True)
-            return
-        connect_method = self.channel.stream_stream(
-            INGEST_METHOD, request_serializer=None, response_deserializer=None
-        )
-        self.call = connect_method(wait_for_ready=True)
-        await self.call.write(self.hello())
-        self.check_welcome(await asyncio.wait_for(self.call.read(), 10))
-        self._reader = asyncio.create_task(self._read(), name="bench-grpc-reader")
-
-    async def _read(self) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            while (raw := await self.call.read()) is not grpc.aio.EOF:
-                self.on_bridge_message(raw)
-
-    async def write(self, data: bytes) -> None:
-        await self.call.write(data)
-
-    async def close(self) -> None:
-        try:
-            await self.call.done_writing()
-            # The raw relay answers once; the bridge ends the call after our half-close.
-            await asyncio.wait_for(self._reader if self._reader is not None else self.call, 5)
-        finally:
-            self.call.cancel()
-            await self.channel.close()
-
+from typing import Any
+
+from benchmarks._relay_clients import GrpcClient, Payload, WsClient
+from benchmarks._relay_common import (
+    CONNS,
+    DRAIN_TIMEOUT,
+    MAX_FRAME_BYTES,
+    QUICK_CONNS,
+    QUICK_SIZES,
+    ROOT,
+    SIZES,
+    TARGETS,
+    BenchConfig,
+    Cell,
+    CellResult,
+    scan_processed,
+)
+from benchmarks._relay_output import (
+    attach_ratios,
+    format_report,
+    format_row,
+    report_footer,
+    report_header,
+    summarize,
+    write_json,
+)
+from benchmarks._relay_sink import BenchSink
+from loadgen.launch import READY, ChildProcess
+
+__all__ = [
+    "CONNS",
+    "SIZES",
+    "TARGETS",
+    "Bench",
+    "BenchConfig",
+    "CellResult",
+    "format_report",
+    "main",
+    "run",
+    "scan_processed",
+]
 
 # -- relay processes -------------------------------------------------------------------------
 
 
 class ServerProcess:
-    """A relay or the bridge as a child process, with its CPU time readable from /proc."""
+    """A relay or the bridge as a child process (:mod:`loadgen.launch`), with its CPU time."""
 
     def __init__(self, name: str, cmd: list[str], ready_prefix: str) -> None:
         self.name = name
         self.cmd = cmd
         self.ready_prefix = ready_prefix
-        self.ports: dict[str, int] = {}
-        self.proc: asyncio.subprocess.Process | None = None
-        self._log: IO[bytes] | None = None
+        self.child: ChildProcess | None = None
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return self.child.ports if self.child is not None else {}
 
     async def spawn(self) -> None:
-        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop)
-        env = {**os.environ, "BRIDGE_ADAPT": "false"}
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.cmd, stdout=asyncio.subprocess.PIPE, stderr=self._log, cwd=ROOT, env=env
+        self.child = ChildProcess.spawn(
+            self.cmd, name=self.name, env={"BRIDGE_ADAPT": "false"}, cwd=ROOT
         )
 
     async def wait_ready(self) -> None:
         """Read the one ready line (``NAME_READY key=port ...``) and keep its ports."""
-        assert self.proc is not None and self.proc.stdout is not None
-        try:
-            line = (await asyncio.wait_for(self.proc.stdout.readline(), 60)).decode()
-        except TimeoutError:
-            line = ""
-        if not line.startswith(self.ready_prefix):
-            raise RuntimeError(f"{self.name} did not start: {line!r}\n{self.logs()}")
-        self.ports = {k: int(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
+        assert self.child is not None
+        await self.child.wait_ready(self.ready_prefix, timeout=60)
 
     def logs(self) -> str:
-        if self._log is None:
-            return ""
-        self._log.seek(0)
-        return self._log.read().decode(errors="replace")[-4000:]
+        return self.child.logs() if self.child is not None else ""
 
     def cpu_seconds(self) -> float:
         """User + system CPU of the process (all threads), from /proc/PID/stat."""
-        assert self.proc is not None
-        try:
-            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
-        except OSError:
-            return float("nan")
-        fields = stat.rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        assert self.child is not None
+        return self.child.cpu_seconds()
 
     async def stop(self) -> None:
-        proc = self.proc
-        if proc is not None and proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 30)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        if self.child is not None:
+            await self.child.stop(timeout=30)
 
 
 def bridge_process(sink: str, extra: Sequence[str] = ()) -> ServerProcess:
@@ -606,7 +149,7 @@ def bridge_process(sink: str, extra: Sequence[str] = ()) -> ServerProcess:
         *("--session-ttl-seconds", "1", "--log-level", "WARNING"),
         *extra,
     ]
-    return ServerProcess("bridge", cmd, "SIMBRIDGE_READY")
+    return ServerProcess("bridge", cmd, READY)
 
 
 def raw_relay_process(kind: str, sink: str) -> ServerProcess:
@@ -616,48 +159,6 @@ def raw_relay_process(kind: str, sink: str) -> ServerProcess:
 
 
 # -- cells -----------------------------------------------------------------------------------
-
-
-@dataclass
-class BenchConfig:
-    sizes: Sequence[str] = tuple(SIZES)
-    conns: Sequence[int] = CONNS
-    targets: Sequence[str] = TARGETS
-    seconds: float = 3.0
-    warmup: float = 1.0
-    window: int = 8
-    bridge_args: Sequence[str] = ()  # extra ``simbridge serve`` flags (to try a setting)
-
-
-@dataclass
-class CellResult:
-    target: str
-    size: str
-    wire_bytes: int
-    conns: int
-    window: int
-    seconds: float
-    msgs_per_s: float  # median of per-slice rates over the measured window
-    mean_msgs_per_s: float
-    mb_per_s: float
-    p50_ms: float
-    p99_ms: float
-    relay_cpu_pct: float
-    relay_us_per_msg: float  # relay CPU per message: its cost, whatever else limits the rate
-    bench_cpu_pct: float
-    other_cpu_pct: float  # the rest of the machine (other processes, steal): noise to judge by
-    sent: int
-    completed: int
-    sink_received: int
-    backpressure_pauses: int
-    errors: list[str] = field(default_factory=list)
-    ratio: float | None = None  # bridge rows: this msgs/s / the raw relay's, same transport
-
-
-def _slice_rates(arrivals: np.ndarray, t0: int, t1: int) -> np.ndarray:
-    slices = max(1, min(8, round((t1 - t0) / 0.25e9)))
-    counts, _ = np.histogram(arrivals, bins=slices, range=(t0, t1))
-    return counts / ((t1 - t0) / 1e9 / slices)
 
 
 class Bench:
@@ -798,184 +299,6 @@ def _cpu_seconds(server: ServerProcess) -> dict[str, float]:
     except (OSError, ValueError, IndexError):
         busy = float("nan")
     return {"relay": relay, "own": own, "other": busy - relay - own}
-
-
-def summarize(
-    target: str,
-    payload: Payload,
-    cell: Cell,
-    cfg: BenchConfig,
-    t0: int,
-    t1: int,
-    cpu: dict[str, float],
-    errors: list[str],
-) -> CellResult:
-    arrivals = np.asarray(cell.arrivals, dtype=np.int64)
-    latencies = np.asarray(cell.latencies, dtype=np.int64)
-    nan = float("nan")
-    rate = mean = p50 = p99 = nan
-    if t1 > t0:
-        inside = (arrivals >= t0) & (arrivals < t1)
-        rate = float(np.median(_slice_rates(arrivals[inside], t0, t1)))
-        mean = int(inside.sum()) / ((t1 - t0) / 1e9)
-        if inside.any():
-            p50, p99 = (float(v) / 1e6 for v in np.percentile(latencies[inside], [50, 99]))
-    return CellResult(
-        target=target,
-        size=payload.name,
-        wire_bytes=payload.wire_bytes,
-        conns=len(cell.conns),
-        window=cfg.window,
-        seconds=cfg.seconds,
-        msgs_per_s=rate,
-        mean_msgs_per_s=mean,
-        mb_per_s=rate * payload.wire_bytes / 1e6,
-        p50_ms=p50,
-        p99_ms=p99,
-        relay_cpu_pct=cpu.get("relay", nan),
-        relay_us_per_msg=cpu.get("relay", nan) * 1e4 / mean if mean > 0 else nan,
-        bench_cpu_pct=cpu.get("own", nan),
-        other_cpu_pct=_non_negative(cpu.get("other", nan)),
-        sent=cell.sent,
-        completed=cell.completed,
-        sink_received=cell.sink_received,
-        backpressure_pauses=sum(c.backpressure for c in cell.conns),
-        errors=errors,
-    )
-
-
-def _non_negative(value: float) -> float:
-    """Clamp rounding noise below zero; keep NaN (unknown) as NaN."""
-    return value if math.isnan(value) else max(0.0, value)
-
-
-def attach_ratios(results: list[CellResult]) -> None:
-    raw = {(r.target.split("-")[1], r.size, r.conns): r for r in results if r.target[:3] == "raw"}
-    for r in results:
-        if r.target.startswith("bridge"):
-            base = raw.get((r.target.split("-")[1], r.size, r.conns))
-            if base is not None and base.msgs_per_s > 0:
-                r.ratio = r.msgs_per_s / base.msgs_per_s
-
-
-# -- output ----------------------------------------------------------------------------------
-
-HEADER = (
-    f"{'size':<6} {'conns':>5}  {'target':<12} {'msgs/s':>8} {'MB/s':>7} {'p50 ms':>8} "
-    f"{'p99 ms':>8} {'relay':>6} {'us/msg':>7} {'bench':>6} {'other':>6} {'bridge/raw':>10}"
-)
-
-
-def format_row(r: CellResult) -> str:
-    ratio = f"{r.ratio:10.2f}" if r.ratio is not None else ""
-    line = (
-        f"{r.size:<6} {r.conns:>5}  {r.target:<12} {r.msgs_per_s:8.1f} {r.mb_per_s:7.1f} "
-        f"{r.p50_ms:8.2f} {r.p99_ms:8.2f} {r.relay_cpu_pct:5.0f}% {r.relay_us_per_msg:7.0f} "
-        f"{r.bench_cpu_pct:5.0f}% {r.other_cpu_pct:5.0f}% {ratio}"
-    ).rstrip()
-    if r.errors:
-        line += f"  ERRORS: {len(r.errors)} (first: {r.errors[0]})"
-    return line
-
-
-def report_header(cfg: BenchConfig) -> str:
-    return "\n".join(
-        [
-            "simbridge relay benchmark: bridge --passthrough vs raw relays, same machine, same run",
-            f"closed loop, window {cfg.window} msgs/conn; {cfg.warmup:g} s warm-up + "
-            f"{cfg.seconds:g} s per cell; msgs/s = median of slice rates; "
-            "latency = client send -> sink arrival",
-            "CPU in % of one core: relay = the relay/bridge process (us/msg: its CPU time per "
-            "message), bench = clients + sink, other = the rest of the machine",
-            f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
-            f"grpcio {grpc.__version__}, malloc env: "
-            f"{' '.join(f'{k}={v}' for k, v in _malloc_env().items()) or 'default'}",
-            "",
-            HEADER,
-        ]
-    )
-
-
-SATURATED = 95.0
-BUSY_MACHINE = 25.0
-
-
-def _malloc_env() -> dict[str, str]:
-    """glibc malloc settings passed to every process: they change the 1.2 MB results a lot
-    (freed large buffers returned to the kernel are page-faulted in again on the next message)."""
-    return {k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
-
-
-def report_footer(results: list[CellResult]) -> str:
-    lines = []
-    ratios = [r for r in results if r.ratio is not None and r.size == "1.2MB"]
-    if ratios:
-        worst = min(r.ratio for r in ratios if r.ratio is not None)
-        verdict = "met" if worst >= 0.6 else "NOT met"
-        lines.append(
-            "1.2MB bridge/raw msgs/s: "
-            + ", ".join(f"{r.target.split('-')[1]} x{r.conns} {r.ratio:.2f}" for r in ratios)
-            + f"  (target >= 0.6: {verdict})"
-        )
-        # CPU per message barely depends on what else limits the rate: the steadier comparison.
-        raw = {
-            (r.target.split("-")[1], r.conns): r
-            for r in results
-            if r.size == "1.2MB" and r.target.startswith("raw")
-        }
-        costs = [
-            f"{r.target.split('-')[1]} x{r.conns} "
-            f"{r.relay_us_per_msg / raw[(r.target.split('-')[1], r.conns)].relay_us_per_msg:.1f}x"
-            for r in ratios
-            if (r.target.split("-")[1], r.conns) in raw
-        ]
-        lines.append("1.2MB relay CPU per message, bridge/raw: " + ", ".join(costs))
-    # Caveats the numbers carry, said next to them rather than left to the reader.
-    capped = [r for r in results if r.target.startswith("raw") and r.bench_cpu_pct >= SATURATED]
-    if capped:
-        lines.append(
-            f"note: the load side (bench) used >= {SATURATED:.0f}% of a core in {len(capped)} raw "
-            "cell(s): there the raw rate is a lower bound and the ratio an upper bound"
-        )
-    busy = [r for r in results if r.other_cpu_pct >= BUSY_MACHINE]
-    if busy:
-        lines.append(
-            f"note: other work used >= {BUSY_MACHINE:.0f}% of a core during {len(busy)} cell(s); "
-            "those rows are noisy, rerun on a quiet machine"
-        )
-    failed = [r for r in results if r.errors]
-    if failed:
-        lines.append(f"{len(failed)} cell(s) with errors; --json PATH lists them all")
-    return "\n".join(lines)
-
-
-def format_report(results: list[CellResult], cfg: BenchConfig) -> str:
-    """The whole table at once (what ``main`` prints row by row as the cells finish)."""
-    lines = [report_header(cfg)]
-    previous = None
-    for r in results:
-        if previous is not None and (r.size, r.conns) != previous:
-            lines.append("")
-        previous = (r.size, r.conns)
-        lines.append(format_row(r))
-    lines += ["", report_footer(results)]
-    return "\n".join(lines)
-
-
-def write_json(path: Path, results: list[CellResult], cfg: BenchConfig) -> None:
-    doc = {
-        "benchmark": "relay",
-        "config": asdict(cfg) | {"sizes_bytes": {s: SIZES[s] for s in cfg.sizes}},
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "grpcio": grpc.__version__,
-            "platform": platform.platform(),
-            "malloc_env": _malloc_env(),
-        },
-        "cells": [asdict(r) for r in results],
-    }
-    path.write_text(json.dumps(doc, indent=2, default=list) + "\n")
 
 
 # -- command line ----------------------------------------------------------------------------

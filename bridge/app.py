@@ -22,10 +22,13 @@ from bridge import codec
 from bridge.capacity import Capacity
 from bridge.core import BridgeCore, CoreConfig
 from bridge.decimate import get_decimator
+from bridge.decimate.cuda import use_library as use_cuda_library
+from bridge.errors import StartupError
 from bridge.events import CoreEvents
 from bridge.grpc_impl import build_server, set_health
 from bridge.http_impl import OpsHttpServer
 from bridge.ingest import EdgeRegistry, IngestConfig
+from bridge.looplag import LoopLagMonitor
 from bridge.memtrim import release_free_heap
 from bridge.metrics import BridgeMetrics
 from bridge.processing import Processor
@@ -63,6 +66,8 @@ class BridgeService:
             max_frame_bytes=settings.max_frame_bytes,
             max_points=settings.max_points,
             max_streams_per_session=settings.max_streams_per_session,
+            max_telemetry_bytes=settings.max_telemetry_bytes,
+            max_telemetry_entries=settings.max_telemetry_entries,
         )
         self.events = CoreEvents(self.metrics)
         self.core = BridgeCore(
@@ -111,6 +116,8 @@ class BridgeService:
 
     async def _start(self) -> BoundPorts:
         settings = self.settings
+        if settings.cuda_lib:
+            use_cuda_library(settings.cuda_lib)
         decimator = get_decimator(settings.decimate_backend)
         cpu_decimator = (
             decimator if decimator.name != "cuda" else get_decimator("c" if _has("c") else "numpy")
@@ -141,21 +148,40 @@ class BridgeService:
         )
         grpc_address = f"{settings.host}:{settings.grpc_port}"
         credentials = grpc_server_credentials(settings)
-        grpc_port = (
-            self._grpc_server.add_secure_port(grpc_address, credentials)
-            if credentials is not None
-            else self._grpc_server.add_insecure_port(grpc_address)
-        )
+        try:
+            grpc_port = (
+                self._grpc_server.add_secure_port(grpc_address, credentials)
+                if credentials is not None
+                else self._grpc_server.add_insecure_port(grpc_address)
+            )
+        except RuntimeError as exc:  # grpc reports a failed bind this way
+            raise StartupError(f"cannot listen on {grpc_address} (gRPC): {exc}") from None
+        if not grpc_port:
+            raise StartupError(f"cannot listen on {grpc_address} (gRPC)")
         await self._grpc_server.start()
-        self._ws_server = await start_ws_server(self.edges, settings, self.metrics)
+        try:
+            self._ws_server = await start_ws_server(self.edges, settings, self.metrics)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on {settings.host}:{settings.ws_port} (WebSocket): {exc.strerror}"
+            ) from None
         ws_port = next(iter(self._ws_server.sockets)).getsockname()[1]
         self._http = OpsHttpServer(
             self.registry,
             is_live=lambda: True,
             is_ready=lambda: self.ready,
             describe_resources=self.describe_resources,
+            token=settings.auth_token,
+            metrics_open=settings.metrics_auth == "open",
+            on_unauthorized=lambda path: self.metrics.unauthorized.labels("http").inc(),
         )
-        http_port = await self._http.start(settings.host, settings.http_port)
+        try:
+            http_port = await self._http.start(settings.host, settings.http_port)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on {settings.host}:{settings.http_port} (HTTP): {exc.strerror}"
+            ) from None
+        self._spawn(LoopLagMonitor(self.metrics.loop_lag).run(), "loop-lag")
         self.ports = BoundPorts(ws=ws_port, grpc=grpc_port, http=http_port)
         if settings.sink_address:
             self.pusher = SinkPusher(self.core, settings, self.metrics)
@@ -182,18 +208,9 @@ class BridgeService:
         """Watch cgroup limits (and the own Pod / GPU where present) and re-plan live."""
         if not self.settings.adapt:
             return
-        from bridge.resources.adapt import Adapter, AdapterSettings
-        from bridge.resources.from_settings import plan_settings
+        from bridge.resources.adapt import Adapter
 
-        self.adapter = Adapter.from_env(
-            target,
-            self.registry,
-            settings=AdapterSettings(
-                poll_interval=self.settings.cgroup_poll_seconds,
-                pending_timeout=self.settings.resize_pending_timeout_seconds,
-                plan=plan_settings(self.settings),  # the same plan `simbridge resources` shows
-            ),
-        )
+        self.adapter = Adapter.from_settings(target, self.registry, self.settings)
         await self.adapter.start()
 
     def describe_resources(self) -> dict[str, Any]:
@@ -304,7 +321,8 @@ class BridgeService:
         if self._http is not None:
             await self._http.close()
             self._http = None
-        self.pool.close(timeout=2.0)
+        # Joining worker threads blocks: off the loop (the loop guard in tests caught it).
+        await asyncio.to_thread(self.pool.close, 2.0)
 
 
 def _has(backend: str) -> bool:

@@ -8,6 +8,7 @@ duplicates, gaps, cumulative acks, watermarks, ring budgets) unit-testable witho
 from __future__ import annotations
 
 import enum
+import math
 import uuid
 from collections import deque
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from bridge.errors import (
     InvalidLayout,
     ProtocolViolation,
     SeqRegression,
+    SessionTaken,
     TooManySessions,
     TooManyStreams,
     UnknownStream,
@@ -34,6 +36,10 @@ from bridge.session import (
     StreamKey,
 )
 from bridge.v1 import bridge_pb2 as pb
+
+#: The smallest point budget a stream may ask for: with origin-anchored voxels, a voxel wider than
+#: the cloud leaves at most 8 occupied voxels (one per octant), so a budget of 8 always converges.
+MIN_MAX_POINTS = 8
 
 
 class Listener(Protocol):
@@ -121,6 +127,13 @@ class BridgeCore:
             raise ProtocolViolation("resume token belongs to another device")
         if session is None:
             session = self.by_device.get(hello.device_id)
+            if session is not None and session.attached:
+                # Only the holder of the session's resume token may take over a live session
+                # (a device id alone is no credential: subscribers see every device id).
+                raise SessionTaken(
+                    f"device {hello.device_id!r} has a live session; resume it with its "
+                    "session token or wait until it disconnects"
+                )
         resumed = session is not None
         if session is None:
             if self.attached_sessions >= self.config.max_sessions:
@@ -198,8 +211,15 @@ class BridgeCore:
             raise ProtocolViolation("StreamSpec without a stream_id")
         if spec.kind not in (KIND_POINT_CLOUD, KIND_TELEMETRY):
             raise ProtocolViolation(f"stream {spec.stream_id!r} has no valid kind")
-        if spec.voxel_size < 0:
-            raise InvalidLayout(f"stream {spec.stream_id!r}: voxel_size must be >= 0")
+        if not math.isfinite(spec.voxel_size) or spec.voxel_size < 0:
+            raise InvalidLayout(
+                f"stream {spec.stream_id!r}: voxel_size must be a finite number >= 0"
+            )
+        if 0 < spec.max_points < MIN_MAX_POINTS:
+            raise InvalidLayout(
+                f"stream {spec.stream_id!r}: max_points must be 0 (no budget) or at least "
+                f"{MIN_MAX_POINTS} (a cloud always fits {MIN_MAX_POINTS} voxels around the origin)"
+            )
         return StreamConfig(
             kind=spec.kind,
             voxel_size=spec.voxel_size or self.config.default_voxel_size,

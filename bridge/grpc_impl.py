@@ -9,11 +9,13 @@ processed frames without a parse/serialize round trip.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
@@ -87,8 +89,16 @@ def build_server(
             ("grpc.keepalive_timeout_ms", int(settings.ping_timeout_seconds * 1000)),
             ("grpc.http2.min_ping_interval_without_data_ms", 5000),
             ("grpc.keepalive_permit_without_calls", 1),
+            # Peers that ping more often than allowed are sent GOAWAY after this many strikes.
+            ("grpc.http2.max_ping_strikes", 2),
+            # A TCP connection that never completes the HTTP/2 handshake (the client preface
+            # and SETTINGS) is dropped after the Hello deadline, so raw sockets cannot pile up.
+            ("grpc.server_handshake_timeout_ms", int(settings.hello_timeout_seconds * 1000)),
+            # A connection with no call for a while is closed (edges keep their one call open).
+            ("grpc.max_connection_idle_ms", int(settings.session_ttl_seconds * 1000)),
         ]
     )
+    viewer_token = settings.viewer_token or settings.auth_token
 
     async def connect(
         _request_iterator: object, context: grpc.aio.ServicerContext[Any, Any]
@@ -98,7 +108,16 @@ def build_server(
     async def subscribe(
         request_bytes: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
-        request = pb.SubscribeRequest.FromString(request_bytes)
+        if viewer_token and not hmac.compare_digest(
+            _bearer(context).encode(), viewer_token.encode()
+        ):
+            metrics.unauthorized.labels("subscribe").inc()
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "viewer bearer token required")
+        try:
+            request = pb.SubscribeRequest.FromString(request_bytes)
+        except DecodeError:
+            metrics.rejected.labels("grpc", "malformed").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "not a valid SubscribeRequest")
         if len(subscribers) >= settings.max_subscribers:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many subscribers")
         queue_frames = min(

@@ -15,6 +15,7 @@ import contextlib
 import hmac
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +23,13 @@ from bridge import codec
 from bridge.core import Offer
 from bridge.errors import (
     FrameTooLarge,
+    HelloTimeout,
     ProtocolError,
     ProtocolViolation,
+    TooManyPending,
     Unauthenticated,
 )
+from bridge.logs import RateLimitedLog
 from bridge.metrics import BridgeMetrics
 from bridge.ports import EdgeTransport, IngestCore
 from bridge.session import Session, Stream, StreamKey
@@ -33,6 +37,8 @@ from bridge.settings import Settings
 from bridge.v1 import bridge_pb2 as pb
 
 log = logging.getLogger("bridge.ingest")
+# One line per reason, then a count at most every 10 s: a fuzzer must not fill the disk.
+_refusals = RateLimitedLog(log, interval_seconds=10.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +48,8 @@ class IngestConfig:
     ack_interval_seconds: float = 0.01
     ack_accepted_delay_seconds: float = 0.05
     reconnect_after_ms: int = 1000
+    hello_timeout_seconds: float = 5.0
+    max_pending_connections: int = 256
 
     @classmethod
     def from_settings(cls, settings: Settings, limits: codec.Limits) -> IngestConfig:
@@ -51,6 +59,8 @@ class IngestConfig:
             ack_interval_seconds=settings.ack_interval_seconds,
             ack_accepted_delay_seconds=settings.ack_accepted_delay_seconds,
             reconnect_after_ms=settings.reconnect_after_ms,
+            hello_timeout_seconds=settings.hello_timeout_seconds,
+            max_pending_connections=settings.max_pending_connections,
         )
 
 
@@ -63,12 +73,22 @@ class EdgeRegistry:
         self._config = config
         self._metrics = metrics
         self._connections: set[EdgeConnection] = set()
-        self._space: dict[StreamKey, asyncio.Event] = {}
+        # Weak: an event lives only while a connection waits on it, so sessions the core
+        # forgets (expiry, eviction for room, churn) leave nothing behind here.
+        self._space: weakref.WeakValueDictionary[StreamKey, asyncio.Event] = (
+            weakref.WeakValueDictionary()
+        )
+        self.pending = 0  # connections that have not completed Hello
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = False
 
     def __len__(self) -> int:
         return len(self._connections)
+
+    @property
+    def tracked_streams(self) -> int:
+        """Per-stream wake-up events held (bounded by the streams waiting for room)."""
+        return len(self._space)
 
     @property
     def draining(self) -> bool:
@@ -123,7 +143,7 @@ class EdgeRegistry:
         backpressure (they give up while draining)."""
         self._draining = True
         await asyncio.gather(*(c.drain() for c in list(self._connections)))
-        for event in self._space.values():
+        for event in list(self._space.values()):
             event.set()
 
     async def final_acks(self) -> None:
@@ -179,7 +199,7 @@ class EdgeConnection:
         self._task = asyncio.current_task()
         ack_task: asyncio.Task[None] | None = None
         try:
-            raw = await self.transport.recv()
+            raw = await self._first_message()
             if raw is None:
                 return
             try:
@@ -208,6 +228,7 @@ class EdgeConnection:
                 welcome.resumed,
             )
             ack_task = asyncio.create_task(self._ack_writer(), name="ack-writer")
+            ack_task.add_done_callback(_log_ack_writer_failure)
             try:
                 await self._read_loop()
             except asyncio.CancelledError:
@@ -227,6 +248,29 @@ class EdgeConnection:
                 core.detach(self.session, self, time.monotonic())
                 metrics.sessions.set(core.attached_sessions)
             metrics.connections.labels(transport).dec()
+
+    async def _first_message(self) -> bytes | None:
+        """The Hello's bytes, within the deadline, while at most ``max_pending_connections``
+        connections wait for theirs; anything else is refused and the connection closed."""
+        edges, config = self._edges, self._config
+        if edges.pending >= config.max_pending_connections:
+            await self._refuse(
+                TooManyPending(f"{edges.pending} connections are already waiting for Hello"),
+                fatal=True,
+            )
+            return None
+        edges.pending += 1
+        self._metrics.pending_connections.set(edges.pending)
+        try:
+            return await asyncio.wait_for(self.transport.recv(), config.hello_timeout_seconds)
+        except TimeoutError:
+            await self._refuse(
+                HelloTimeout(f"no Hello within {config.hello_timeout_seconds:g} s"), fatal=True
+            )
+            return None
+        finally:
+            edges.pending -= 1
+            self._metrics.pending_connections.set(edges.pending)
 
     def _authenticate(self, hello: pb.Hello) -> None:
         expected = self._config.auth_token
@@ -259,7 +303,7 @@ class EdgeConnection:
                 if exc.fatal:
                     await self._refuse(exc, fatal=True)
                     return
-                await self._refuse(exc, fatal=False, frame=frame)
+                await self._refuse(exc, fatal=False, frame=frame or exc.frame)
 
     async def _admit(self, frame: pb.Frame, size: int) -> None:
         core, metrics = self._core, self._metrics
@@ -304,7 +348,7 @@ class EdgeConnection:
         self, exc: ProtocolError, *, fatal: bool, frame: pb.Frame | None = None
     ) -> None:
         self._metrics.rejected.labels(self.transport.name, exc.reason).inc()
-        log.info("refused input from %s: %s (%s)", self.transport.name, exc, exc.reason)
+        _refusals.log(exc.reason, "refused input from %s: %s", self.transport.name, exc)
         if fatal:
             # An Error message first where the transport can still carry it, then the close.
             if not isinstance(exc, FrameTooLarge):
@@ -377,3 +421,12 @@ class EdgeConnection:
         if ack is not None:
             with contextlib.suppress(ConnectionError):
                 await self.send(pb.BridgeMessage(ack=ack))
+
+
+def _log_ack_writer_failure(task: asyncio.Task[None]) -> None:
+    """Retrieve the ack writer's end: a closed connection is normal, anything else is logged."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None and not isinstance(exc, ConnectionError):
+        log.error("ack writer failed: %r", exc)

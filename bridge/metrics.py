@@ -106,6 +106,33 @@ class BridgeMetrics:
             registry=r,
         )
         self.ready = Gauge("bridge_ready", "1 when ready to accept edges", registry=r)
+        self.sink_failures = Counter(
+            "bridge_sink_failures_total",
+            "Push streams ended by the bridge, by reason (ack_timeout, handshake_timeout, ...)",
+            ["reason"],
+            registry=r,
+        )
+        self.connections_closed = Counter(
+            "bridge_connections_closed_total",
+            "Edge connections the bridge closed before or without a session, by reason",
+            ["transport", "reason"],
+            registry=r,
+        )
+        self.pending_connections = Gauge(
+            "bridge_pending_connections", "Connections that have not said Hello yet", registry=r
+        )
+        self.loop_lag = Histogram(
+            "bridge_event_loop_lag_seconds",
+            "How late the event loop ran a timer (a stall shows here first)",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r,
+        )
+        self.unauthorized = Counter(
+            "bridge_unauthorized_requests_total",
+            "Requests refused for missing or wrong credentials, by surface",
+            ["surface"],
+            registry=r,
+        )
 
     def publish_backend(self, name: str | None) -> None:
         """``bridge_decimate_backend{backend}``: 1 for the backend in use, 0 for the others."""

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -66,6 +68,13 @@ class Settings:
     cgroup_poll_seconds: float = 0.05
     resize_pending_timeout_seconds: float = 60.0  # raise an Event when a resize pends this long
     adapt: bool = True  # re-plan workers / ring budgets / GPU from the limits the pod has
+    cgroup_root: str = ""  # a cgroup directory to watch instead of the own one (tests, demo)
+    kube_api: str = ""  # Kubernetes API base URL; empty = the in-cluster service account
+    kube_token_file: str = ""  # bearer token file for kube_api (re-read on every request)
+    pod_name: str = ""  # the own Pod (downward API); both empty = not watched
+    pod_namespace: str = ""
+    container_name: str = ""  # the bridge's container in the Pod; empty = "bridge", else the first
+    cuda_lib: str = ""  # the CUDA library to load; empty = _sbv_cuda.so next to the package
     # Operations
     tune_allocator: bool = True  # glibc: frames from the heap, trimmed after planned shrinks
     log_format: str = "text"  # text | json
@@ -79,6 +88,17 @@ class Settings:
     sink_ca_file: str = ""
     sink_cert_file: str = ""
     sink_key_file: str = ""
+    # Hardening: who may read, how long a connection may stay anonymous, what a message may cost
+    viewer_token: str = ""  # bearer token for Subscribe; empty = auth_token
+    metrics_auth: str = "token"  # with auth on, /metrics needs the token (token) or not (open)
+    hello_timeout_seconds: float = 5.0  # a connection must say Hello within this
+    max_pending_connections: int = 256  # connections that have not said Hello yet
+    max_telemetry_bytes: int = 1 * MiB  # a telemetry payload (blob + map) above this is refused
+    max_telemetry_entries: int = 4096  # telemetry map entries
+    sink_ack_timeout_seconds: float = 10.0  # frames in flight with no ack progress: reconnect
+    # HTTP/2 pings on an idle push channel; gRPC servers refuse pings more often than every
+    # 5 min unless they allow it (GOAWAY too_many_pings), so lower it only for sinks that do
+    sink_keepalive_seconds: float = 300.0
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -86,8 +106,9 @@ class Settings:
     def public_dict(self) -> dict[str, Any]:
         """Settings as a dict, secrets masked (for logs and /debug)."""
         d = dataclasses.asdict(self)
-        if d["auth_token"]:
-            d["auth_token"] = "***"
+        for secret in ("auth_token", "viewer_token"):
+            if d[secret]:
+                d[secret] = "***"
         return d
 
 
@@ -96,9 +117,15 @@ _CHOICES = {
     "decimate_backend": ("auto", "cuda", "c", "numpy"),
     "log_format": ("text", "json"),
     "log_level": ("DEBUG", "INFO", "WARNING", "ERROR"),
+    "metrics_auth": ("token", "open"),
 }
 _PORTS = ("ws_port", "grpc_port", "http_port")
 _NON_NEGATIVE = ("workers", "ring_floor_bytes", "voxel_size", "reconnect_after_ms")
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a setting (the one naming rule: ``BRIDGE_`` + upper case)."""
+    return f"BRIDGE_{field.upper()}"
 
 
 def _convert(name: str, kind: type, raw: object) -> object:
@@ -163,7 +190,7 @@ def load(
             else:
                 merged[key] = value
     for name in types:
-        env_key = f"BRIDGE_{name.upper()}"
+        env_key = env_name(name)
         if env_key in env:
             merged[name] = env[env_key]
     for name, value in (flags or {}).items():
@@ -203,9 +230,52 @@ def validate(s: Settings) -> list[str]:
         )
         if positive and isinstance(value, int | float) and value <= 0:
             problems.append(f"{f.name}: must be > 0")
+    problems += _address_problems(s)
     if s.sink_backoff_initial_seconds > s.sink_backoff_max_seconds:
         problems.append("sink_backoff_initial_seconds: must be <= sink_backoff_max_seconds")
     problems += _tls_problems(s)
+    return problems
+
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+
+
+def valid_host(host: str) -> bool:
+    """An IP literal (v4, v6, optionally bracketed) or a DNS name; no lookup happens here."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+        return True
+    except ValueError:
+        return bool(_HOSTNAME.match(host))
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 as ``[::1]:port``) into its parts; ValueError says what is wrong."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{address!r} is not host:port")
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"{address!r}: port must be 1-65535")
+    if not valid_host(host):
+        raise ValueError(f"{address!r}: {host!r} is not a host name or IP address")
+    return host.strip("[]"), int(port_text)
+
+
+def _address_problems(s: Settings) -> list[str]:
+    problems = []
+    if not valid_host(s.host):
+        problems.append(f"host: {s.host!r} is not a host name or IP address")
+    if s.sink_address:
+        try:
+            split_address(s.sink_address)
+        except ValueError as exc:
+            problems.append(f"sink_address: {exc}")
+    bound = [(name, getattr(s, name)) for name in _PORTS if getattr(s, name)]
+    for i, (name, port) in enumerate(bound):
+        for other, other_port in bound[:i]:
+            if port == other_port:
+                problems.append(f"{name}: port {port} is also {other}")
     return problems
 
 

@@ -52,6 +52,26 @@ HELP: dict[str, str] = {
     "log_level": "log level",
     "auth_token": "bearer token edges must present (Hello.auth_token or Authorization: Bearer); "
     "empty = no authentication",
+    "cgroup_root": "a cgroup directory to watch instead of the bridge's own (tests, the demo)",
+    "kube_api": "Kubernetes API base URL; empty = the in-cluster service account",
+    "kube_token_file": "bearer token file for kube_api (re-read on every request)",
+    "pod_name": "the bridge's own Pod (downward API); with pod_namespace, its resize is watched",
+    "pod_namespace": "namespace of pod_name",
+    "container_name": "the bridge's container in the Pod; empty = 'bridge', else the first",
+    "cuda_lib": "the CUDA decimation library to load; empty = _sbv_cuda.so next to the package",
+    "viewer_token": "bearer token Visualization.Subscribe needs (gRPC authorization metadata); "
+    "empty = auth_token",
+    "metrics_auth": "with auth_token set: /metrics needs the token (token) or is open for "
+    "Prometheus (open); /debug/* always needs it",
+    "hello_timeout_seconds": "a connection must send Hello within this (also the gRPC "
+    "HTTP/2 handshake deadline)",
+    "max_pending_connections": "most connections that have not sent Hello yet",
+    "max_telemetry_bytes": "largest telemetry payload, checked before it is parsed",
+    "max_telemetry_entries": "most entries in a telemetry map",
+    "sink_ack_timeout_seconds": "frames in flight to the sink with no ack progress for this "
+    "long: the push stream is reset and replayed",
+    "sink_keepalive_seconds": "HTTP/2 keepalive ping interval on an idle push channel (gRPC "
+    "servers refuse pings more often than every 300 s unless configured to allow them)",
     "tls_cert_file": "PEM certificate chain: serve WSS and TLS gRPC on the ingest ports",
     "tls_key_file": "PEM private key for tls_cert_file",
     "tls_client_ca_file": "PEM CA bundle: edges must present a certificate it signed (mTLS)",
@@ -69,6 +89,6 @@ def flag_help(name: str, default: object, choices: Sequence[str] | None) -> str:
     parts = [HELP.get(name, name.replace("_", " "))]
     if choices:
         parts.append("one of: " + ", ".join(choices))
-    shown = "" if name == "auth_token" else repr(default)
+    shown = "" if name in ("auth_token", "viewer_token") else repr(default)
     text = "; ".join(parts) + f" (default {shown or 'empty'}; env BRIDGE_{name.upper()})"
     return text.replace("%", "%%")

@@ -345,7 +345,8 @@ register(
         "the resize plan is applied in place (backend local, kubesim or kubectl), then, unless "
         "--baseline none, the same plan by restarting the bridge. Frames lost, duplicated, "
         "reordered, stalls, latency and time-to-adapt are accounted per phase from the sink's "
-        "record; the report (JSON + PNG) goes to --out.",
+        "record; the report (JSON + PNG) goes to --out. With --target, drive a bridge that "
+        "already runs instead (see the 'external bridge' options).",
         configure=_scen.configure_run,
         run=_scen.run_command,
     )

@@ -18,11 +18,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loadgen import report as report_mod
 from loadgen.resize import BACKENDS
 from loadgen.scenario import BUILTINS, Scenario, ScenarioError, builtin, load, override
+
+if TYPE_CHECKING:
+    from loadgen.external import Target
 
 
 class _Progress:
@@ -77,7 +80,7 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     return override(s, duration_s=getattr(args, "duration", None))
 
 
-def _execute(args: argparse.Namespace, s: Scenario) -> int:
+def _execute(args: argparse.Namespace, s: Scenario, frame_hook: Any = None) -> int:
     from loadgen.runner import run_scenario
 
     out = Path(args.out)
@@ -94,6 +97,7 @@ def _execute(args: argparse.Namespace, s: Scenario) -> int:
                     baseline=args.baseline,
                     real_cpu=not args.no_real_cpu,
                     progress=progress.update,
+                    frame_hook=frame_hook,
                 )
             )
         except (RuntimeError, OSError) as exc:
@@ -153,6 +157,13 @@ def configure_run(p: argparse.ArgumentParser) -> None:
     ext.add_argument(
         "--report", metavar="FILE", help="write the JSON report here (default: under --out)"
     )
+    ext.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="give up (exit 1) if an edge gets no Welcome within S seconds (default %(default)s)",
+    )
     _common(p)
 
 
@@ -200,7 +211,7 @@ def run_command(args: argparse.Namespace) -> int:
     return _execute(args, s)
 
 
-def _execute_external(args: argparse.Namespace, s: Scenario, targets: list[Any]) -> int:
+def _execute_external(args: argparse.Namespace, s: Scenario, targets: list[Target]) -> int:
     from loadgen.external import ExternalRun, KubectlResizer, check_scenario, format_report
 
     problems = check_scenario(s) + (
@@ -223,7 +234,13 @@ def _execute_external(args: argparse.Namespace, s: Scenario, targets: list[Any])
     _say(args, f"scenario {s.summary()}")
     _say(args, "targets " + ", ".join(str(t) for t in targets))
     with _Progress(not args.quiet) as progress:
-        run = ExternalRun(s, targets, resizer=resizer, progress=progress.update)
+        run = ExternalRun(
+            s,
+            targets,
+            resizer=resizer,
+            progress=progress.update,
+            connect_timeout_s=args.connect_timeout,
+        )
         try:
             rep = asyncio.run(run.execute())
         except (ConnectionError, TimeoutError, OSError, RuntimeError) as exc:
@@ -239,11 +256,28 @@ def _execute_external(args: argparse.Namespace, s: Scenario, targets: list[Any])
 
 def configure_demo(p: argparse.ArgumentParser) -> None:
     _common(p)
+    p.add_argument("--no-view", action="store_true", help="do not start `simbridge view`")
 
 
 def demo_command(args: argparse.Namespace) -> int:
     s = builtin("demo")
-    return _execute(args, s)
+    if args.no_view:
+        return _execute(args, s)
+    from bridge.view.sidecar import ViewSidecar  # the delivered frames, live and in MCAP
+
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    view = ViewSidecar(Path(args.out) / f"demo-{stamp}-view", Path(args.out) / "view.log")
+    try:
+        view.start()
+    except (RuntimeError, OSError) as exc:
+        _say(args, f"{exc}; running without it")
+        return _execute(args, s)
+    try:
+        print("\n".join(["simbridge view (the delivered frames):", *view.where()]), flush=True)
+        return _execute(args, s, frame_hook=view.hook)
+    finally:
+        view.stop()
+        print("\n".join(["recorded by simbridge view:", *view.where()[2:]]), flush=True)
 
 
 def configure_report(p: argparse.ArgumentParser) -> None:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.client import EdgeClient as SdkEdgeClient
-from bridge.client import EdgeStats, PreparedPayload, StreamSpec
+from bridge.client import EdgeStats as SdkEdgeStats
+from bridge.client import PreparedPayload, StreamSpec
 from bridge.client.client import DEFAULT_MAX_MESSAGE_BYTES, cancel_and_wait
 from bridge.client.payload import encode_frame
 from bridge.client.transport import Transport
@@ -27,6 +28,7 @@ from loadgen.record import latency_summary
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "EdgeClient",
+    "EdgeStats",
     "LoadStats",
     "PreparedPayload",
     "Publisher",
@@ -57,7 +59,7 @@ _SUMMED = (
 
 
 @dataclass
-class LoadStats(EdgeStats):
+class LoadStats(SdkEdgeStats):
     """The SDK's counters plus latency samples (delivery time minus scheduled capture time)."""
 
     latency_ns: list[int] = field(default_factory=list)
@@ -78,7 +80,7 @@ class LoadStats(EdgeStats):
     def dropped_resend_overflow(self) -> int:
         return self.dropped
 
-    def add(self, other: EdgeStats) -> None:
+    def add(self, other: SdkEdgeStats) -> None:
         for k in _SUMMED:
             setattr(self, k, getattr(self, k) + getattr(other, k))
         self.errors.update(other.errors)
@@ -96,6 +98,10 @@ class LoadStats(EdgeStats):
         d["close_reasons"] = dict(self.close_reasons)
         d["latency"] = latency_summary(self.latency_ns)
         return d
+
+
+#: The load generator's historical name for its counters (the SDK's plus latency samples).
+EdgeStats = LoadStats
 
 
 def bridge_url(transport: Transport, url: str) -> str:

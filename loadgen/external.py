@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.resources.quantity import QuantityError, to_bytes, to_millicores
-from loadgen.edge import EdgeClient, EdgeStats, PreparedPayload, StreamConfig, Transport
+from loadgen.edge import EdgeClient, LoadStats, PreparedPayload, StreamConfig, Transport
 from loadgen.resize import cpu_quantity, memory_quantity
 from loadgen.scenario import ResizeStep, Scenario
 from loadgen.steps import prepare_clouds
@@ -281,14 +281,9 @@ class ExternalRun:
         }
 
     def report(self, started_ns: int, cloud_note: str) -> dict[str, Any]:
-        total = EdgeStats()
+        total = LoadStats()
         for e in self.edges:
-            for k, v in vars(e.stats).items():
-                if isinstance(v, int):
-                    setattr(total, k, getattr(total, k) + v)
-            total.errors.update(e.stats.errors)
-            total.close_reasons.update(e.stats.close_reasons)
-            total.latency_ns.extend(e.stats.latency_ns)
+            total.add(e.stats)
         totals = total.as_dict()
         totals["undelivered"] = sum(e.core.buffered_frames for e in self.edges)
         totals["late_ticks"] = self.late_ticks

@@ -1,7 +1,8 @@
 """Servers as child processes: start, wait for the ready line, stop cleanly, kill on timeout.
 
 Why one module: ``simbridge serve`` (and the relay bench's raw relays) announce readiness with one
-stdout line, ``SIMBRIDGE_READY ws=PORT grpc=PORT http=PORT``, after binding port 0. The loadgen
+stdout line, ``SIMBRIDGE_READY ws=PORT grpc=PORT http=PORT`` (or one JSON object with
+``"msg": "SIMBRIDGE_READY"`` under ``--log-format json``), after binding port 0. The loadgen
 runner, the integration-test harness and the relay bench all need the same dance around it, and
 the failure paths (no line before the deadline, the child dies, SIGTERM ignored) are where copies
 drift. Standard library only, so tests and benchmarks import it without the loadgen extras.
@@ -14,6 +15,7 @@ and not read after the ready line (the servers print nothing else there).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -32,7 +34,17 @@ def serve_command(*args: str, host: str = "127.0.0.1") -> list[str]:
 
 
 def parse_ready(line: str, prefix: str = READY) -> dict[str, int] | None:
-    """The ``key=port`` pairs of a ready line; ``None`` when ``line`` is not one."""
+    """The ports of a ready line; ``None`` when ``line`` is not one. Plain form:
+    ``PREFIX key=port ...``; JSON form (``serve --log-format json``): one object with
+    ``"msg": PREFIX`` and the ports as integer members."""
+    if line.lstrip().startswith("{"):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(entry, dict) or entry.get("msg") != prefix:
+            return None
+        return {k: v for k, v in entry.items() if isinstance(v, int) and not isinstance(v, bool)}
     words = line.split()
     if not words or words[0] != prefix:
         return None
@@ -57,6 +69,58 @@ class ChildProcess:
         self.ports: dict[str, int] = {}
 
     @classmethod
+    def spawn(
+        cls,
+        cmd: Sequence[str],
+        *,
+        name: str = "bridge",
+        env: Mapping[str, str] | None = None,
+        cwd: Path | str | None = None,
+        log_path: Path | None = None,
+        new_session: bool = False,
+    ) -> ChildProcess:
+        """Start ``cmd`` (``env`` over this process's environment) without waiting for it; call
+        :meth:`wait_ready` next. Apart from :meth:`start` for callers that must fork before they
+        start threads of their own (gRPC's fork handlers). ``new_session``: a Ctrl-C at the
+        console reaches this process only (the caller decides when the child stops)."""
+        # closed by stop()/kill()
+        log: IO[bytes] = tempfile.TemporaryFile() if log_path is None else log_path.open("ab")  # noqa: SIM115
+        try:
+            proc = subprocess.Popen(
+                list(cmd),
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env={**os.environ, **(env or {})},
+                cwd=cwd,
+                start_new_session=new_session,
+            )
+        except BaseException:
+            log.close()
+            raise
+        return cls(name, proc, log, log_path)
+
+    async def wait_ready(self, ready: str = READY, timeout: float = 60.0) -> dict[str, int]:  # noqa: ASYNC109
+        """Read the ready line within ``timeout`` seconds and keep its ports. On failure the
+        child is killed and the error carries the line it printed instead and its log's tail."""
+        assert self.proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), timeout)
+        except TimeoutError:
+            line = f"(no ready line within {timeout:g} s)"
+        except BaseException:
+            self.kill()
+            raise
+        ports = parse_ready(line, ready)
+        if ports is None:
+            where = f"; log: {self.log_path}" if self.log_path is not None else ""
+            logs = self.logs()  # read before kill() closes the log
+            self.kill()
+            raise RuntimeError(f"{self.name} did not start: {line.strip()!r}{where}\n{logs}")
+        self.ports = ports
+        return ports
+
+    @classmethod
     async def start(
         cls,
         cmd: Sequence[str],
@@ -69,41 +133,11 @@ class ChildProcess:
         timeout: float = 60.0,  # noqa: ASYNC109
         new_session: bool = False,
     ) -> ChildProcess:
-        """Spawn ``cmd`` (``env`` over this process's environment) and wait up to ``timeout``
-        seconds for its ready line. On failure the child is killed and the error carries the
-        line it printed instead and the tail of its log. ``new_session``: a Ctrl-C at the
-        console reaches this process only (the caller decides when the child stops)."""
-        # closed by stop()/kill()
-        log: IO[bytes] = tempfile.TemporaryFile() if log_path is None else log_path.open("ab")  # noqa: SIM115
-        try:
-            proc = subprocess.Popen(  # noqa: ASYNC220  (spawning does not block; reads go to threads)
-                list(cmd),
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                env={**os.environ, **(env or {})},
-                cwd=cwd,
-                start_new_session=new_session,
-            )
-        except BaseException:
-            log.close()
-            raise
-        child = cls(name, proc, log, log_path)
-        assert proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
-        except TimeoutError:
-            line = f"(no ready line within {timeout:g} s)"
-        except BaseException:
-            child.kill()
-            raise
-        ports = parse_ready(line, ready)
-        if ports is None:
-            where = f"; log: {log_path}" if log_path is not None else ""
-            logs = child.logs()  # read before kill() closes the log
-            child.kill()
-            raise RuntimeError(f"{name} did not start: {line.strip()!r}{where}\n{logs}")
-        child.ports = ports
+        """:meth:`spawn`, then :meth:`wait_ready`."""
+        child = cls.spawn(
+            cmd, name=name, env=env, cwd=cwd, log_path=log_path, new_session=new_session
+        )
+        await child.wait_ready(ready, timeout)
         return child
 
     @property

@@ -31,7 +31,7 @@ import random
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 #: Latency samples kept for percentiles; beyond it a uniform reservoir sample is kept.
 LATENCY_RESERVOIR = 200_000
@@ -351,7 +351,7 @@ class RecordFile:
     def __init__(self, path: str | Path, *, fsync: bool = True) -> None:
         self.path = Path(path)
         self.fsync = fsync
-        self._fh: Any = None
+        self._fh: BinaryIO | None = None
         self.torn_bytes = 0
 
     def load(self, record: SinkRecord) -> int:

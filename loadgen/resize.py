@@ -359,9 +359,6 @@ class KubeSimBackend(LocalBackend):
             await self.sim.stop()
         await super().close()
 
-    def write_now(self, cpu: float | None, memory: int | None) -> None:
-        super().write_now(cpu, memory)
-
     @property
     def pod_path(self) -> str:
         return f"/api/v1/namespaces/{POD_NAMESPACE}/pods/{POD_NAME}"

@@ -47,30 +47,8 @@ MODES = ("in-place", "restart")
 #: a memory decrease "below usage" targets at least this much below the usage at that moment
 BELOW_USAGE_MARGIN = 2 << 20
 ProgressFn = Callable[[dict[str, Any]], None]
-
-
-class _EdgeClient(EdgeClient):
-    """Works around a leak in ``loadgen.edge._GrpcConn.close()`` (reported, not ours to edit):
-    it cancels the call but leaves the request generator blocked on its queue, so every gRPC
-    reconnect leaves a pending grpc ``_consume_request_iterator`` task behind, and asyncio prints
-    "Task was destroyed but it is pending!" / "aclose(): asynchronous generator is already
-    running" for each at exit (hundreds in a restart baseline). Ending the generator with the
-    queue's ``None`` sentinel before closing lets that task finish."""
-
-    async def _open(self) -> Any:
-        conn = await super()._open()
-        queue = getattr(conn, "_queue", None)
-        if isinstance(queue, asyncio.Queue):
-            close = conn.close
-
-            async def close_and_end_requests() -> None:
-                while not queue.empty():
-                    queue.get_nowait()
-                queue.put_nowait(None)
-                await close()
-
-            conn.close = close_and_end_requests
-        return conn
+#: Sees every new frame the sink records, with the run's mode (e.g. to tee it to a viewer).
+FrameHook = Callable[[str, Any], None]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,6 +68,7 @@ class Run:
         real_cpu: bool = True,
         progress: ProgressFn | None = None,
         stem: str | None = None,
+        frame_hook: FrameHook | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
@@ -99,6 +78,7 @@ class Run:
         self.backend_name = backend if mode == "in-place" else "local"
         self.real_cpu = real_cpu
         self.progress = progress
+        self.frame_hook = frame_hook
         self.tmp = Path(tempfile.mkdtemp(prefix=f"simbridge-{mode}-"))
         self.backend: LocalBackend = make_backend(
             self.backend_name, self.tmp / "cgroup", real_cpu=real_cpu
@@ -148,7 +128,9 @@ class Run:
         payloads, self.cloud_note = await asyncio.to_thread(prepare_clouds, self.s)
         try:
             await self.backend.start(self.s.initial_cpu, self.s.initial_memory)
-            self.sink = SinkServer(record_path=self.record_path, fsync=False)
+            hook = self.frame_hook
+            on_frame = None if hook is None else (lambda f: hook(self.mode, f))
+            self.sink = SinkServer(record_path=self.record_path, fsync=False, on_frame=on_frame)
             await self.sink.start()
             t_start = time.time_ns()
             bridge = await self._start_bridge()
@@ -175,7 +157,7 @@ class Run:
             transport = self.s.transport_of(i)
             url = bridge.url(transport)
             self.edges.append(
-                _EdgeClient(
+                EdgeClient(
                     transport,  # type: ignore[arg-type]
                     url,
                     f"edge-{i:03d}-{transport}",
@@ -483,6 +465,7 @@ async def run_scenario(
     baseline: str | None = None,
     real_cpu: bool = True,
     progress: ProgressFn | None = None,
+    frame_hook: FrameHook | None = None,
 ) -> dict[str, Any]:
     """Run in place, then (unless the baseline is ``none``) the restart baseline; the report."""
     from loadgen.report import SCHEMA_VERSION, host_info
@@ -500,6 +483,7 @@ async def run_scenario(
             real_cpu=real_cpu,
             progress=progress,
             stem=stem,
+            frame_hook=frame_hook,
         )
         runs.append(await run.execute())
     return {

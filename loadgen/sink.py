@@ -103,7 +103,7 @@ class SinkServer:
         self._on_frame = on_frame
         self._clock = clock
         self._lock = asyncio.Lock()
-        self._server: Any = None
+        self._server: grpc.aio.Server | None = None
         self.port = 0
         self.replayed = 0
         # Counters

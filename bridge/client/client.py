@@ -305,8 +305,10 @@ class EdgeClient:
 
         Returns the reconnect delay a Drain asked for, or None for a plain disconnect.
         """
-        await conn.send(self.core.hello(self.token))
-        first = await asyncio.wait_for(conn.recv(), self.welcome_timeout)
+        # Bounded as one step: a gRPC write can wait on a connection that never comes up.
+        async with asyncio.timeout(self.welcome_timeout):
+            await conn.send(self.core.hello(self.token))
+            first = await conn.recv()
         if first is None:
             raise ConnectionError("closed before Welcome")
         kind = first.WhichOneof("kind")

@@ -217,7 +217,11 @@ class GrpcConnection:
         self._status = ""
 
     async def send(self, data: bytes) -> None:
-        await self._call.write(data)
+        try:
+            await self._call.write(data)
+        except grpc.aio.AioRpcError as exc:
+            self._status = exc.code().name
+            raise
 
     async def recv(self) -> pb.BridgeMessage | None:
         try:

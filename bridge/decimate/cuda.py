@@ -9,7 +9,6 @@ decimator stays thread-safe and parallel like the C one.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from pathlib import Path
 
@@ -25,8 +24,6 @@ from bridge.decimate._types import (
 from bridge.decimate.budget import run_with_budget
 from bridge.decimate.native_table import field_table
 
-#: Override the library path (tests, custom builds).
-ENV_LIBRARY = "BRIDGE_CUDA_LIB"
 ABI_VERSION = 1
 SBV_OK, SBV_EINVAL, SBV_EOVERFLOW, SBV_ENOMEM, SBV_EDEVICE = range(5)
 
@@ -49,8 +46,21 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}
 
 
+def use_library(path: str) -> None:
+    """Load the CUDA library from ``path`` (setting ``cuda_lib``: tests, custom builds) instead
+    of the one next to the package; call before the first backend lookup."""
+    with _lock:
+        _state.pop("result", None)
+        _state["path"] = path
+
+
 def library_path() -> Path:
-    return Path(os.environ.get(ENV_LIBRARY) or Path(__file__).with_name("_sbv_cuda.so"))
+    chosen = _state.get("path")
+    return (
+        Path(chosen)
+        if isinstance(chosen, str) and chosen
+        else Path(__file__).with_name("_sbv_cuda.so")
+    )
 
 
 def _load() -> tuple[ctypes.CDLL | None, str | None]:

@@ -22,7 +22,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,8 +30,9 @@ from prometheus_client import CollectorRegistry
 
 from bridge.resources.cgroup import CgroupReader, open_cgroup
 from bridge.resources.describe import describe_gpu, describe_plan, describe_snapshot
+from bridge.resources.from_settings import plan_settings
 from bridge.resources.gpu import GpuProbe
-from bridge.resources.kubeapi import KubeConfig, KubeError, event_body, own_pod_from_env
+from bridge.resources.kubeapi import KubeConfig, KubeError, event_body, own_pod
 from bridge.resources.metrics import ResourceMetrics
 from bridge.resources.plan import Plan, PlanSettings, make_plan
 from bridge.resources.pod import AllocatedDevice, PodView, ResizeState, pending_memory_decrease
@@ -39,9 +40,9 @@ from bridge.resources.podsource import PodApi, PodSource, PodUpdate
 from bridge.resources.poller import Poller
 from bridge.resources.quantity import format_bytes
 from bridge.resources.snapshot import CgroupReading, GpuReading, Snapshot, Sourced, Workload
+from bridge.settings import Settings
 
 log = logging.getLogger(__name__)
-ENV_CONTAINER = "BRIDGE_CONTAINER_NAME"
 
 
 class AdaptTarget(Protocol):
@@ -162,26 +163,31 @@ class Adapter:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_env(
+    def from_settings(
         cls,
         target: AdaptTarget,
         registry: CollectorRegistry,
+        bridge: Settings,
         *,
         settings: AdapterSettings | None = None,
-        env: Mapping[str, str] | None = None,
         gpu: GpuProbe | None = None,
     ) -> Adapter:
-        """Real sources: ``BRIDGE_CGROUP_ROOT`` or the own cgroup; the own Pod when
-        ``BRIDGE_POD_NAME``/``BRIDGE_POD_NAMESPACE`` and an API (``BRIDGE_KUBE_API`` or the
-        service account) exist; NVML when ``nvidia-ml-py`` is installed. ``BRIDGE_CONTAINER_NAME``
-        names the bridge's container in the Pod (default: ``bridge``, else the first)."""
-        env = os.environ if env is None else env
-        settings = settings or AdapterSettings()
-        if settings.plan.container is None and env.get(ENV_CONTAINER):
-            plan = dataclasses.replace(settings.plan, container=env[ENV_CONTAINER])
+        """Real sources, as the bridge settings name them: ``cgroup_root`` or the own cgroup;
+        the own Pod when ``pod_name``/``pod_namespace`` and an API (``kube_api`` or the service
+        account) exist; NVML when ``nvidia-ml-py`` is installed. ``container_name`` names the
+        bridge's container in the Pod (default: ``bridge``, else the first). ``settings``
+        defaults to the polling, timeout and memory-cap values of ``bridge``."""
+        if settings is None:
+            settings = AdapterSettings(
+                poll_interval=bridge.cgroup_poll_seconds,
+                pending_timeout=bridge.resize_pending_timeout_seconds,
+                plan=plan_settings(bridge),  # the same plan `simbridge resources` prints
+            )
+        if settings.plan.container is None and bridge.container_name:
+            plan = dataclasses.replace(settings.plan, container=bridge.container_name)
             settings = dataclasses.replace(settings, plan=plan)
-        config = KubeConfig.from_env(env)
-        pod_ref = own_pod_from_env(env)
+        config = KubeConfig.resolve(bridge.kube_api, bridge.kube_token_file)
+        pod_ref = own_pod(bridge.pod_name, bridge.pod_namespace)
         kube = None
         if config is not None and pod_ref is not None:
             from bridge.resources.kubelight import connect  # lightkube only with a cluster
@@ -190,7 +196,7 @@ class Adapter:
         return cls(
             target,
             registry,
-            cgroup=open_cgroup(env),
+            cgroup=open_cgroup(bridge.cgroup_root),
             kube=kube,
             pod_ref=pod_ref if kube is not None else None,
             gpu=gpu if gpu is not None else GpuProbe.load(),

@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 from bridge.resources import cgroup_parse as cp
 from bridge.resources.snapshot import CgroupReading, Sourced
 
-ENV_ROOT = "BRIDGE_CGROUP_ROOT"
 T = TypeVar("T")
 
 V2_FILES = (
@@ -215,11 +214,9 @@ def find_cgroup(proc_root: str = "/proc", fs_root: str = "/") -> CgroupReader:
 
 
 def open_cgroup(
-    env: Mapping[str, str] | None = None, proc_root: str = "/proc", fs_root: str = "/"
+    root: str | None = None, proc_root: str = "/proc", fs_root: str = "/"
 ) -> CgroupReader:
-    """``BRIDGE_CGROUP_ROOT`` when set, else the process's own cgroup."""
-    env = os.environ if env is None else env
-    root = env.get(ENV_ROOT)
+    """The directory ``root`` (setting ``cgroup_root``) when given, else the own cgroup."""
     if root:
         return CgroupReader.from_root(root)
     return find_cgroup(proc_root, fs_root)

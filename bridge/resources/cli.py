@@ -1,12 +1,12 @@
 """``simbridge resources``: print what the bridge sees and where each value came from.
 
-Reads once: the cgroup (``BRIDGE_CGROUP_ROOT`` or the process's own), the own Pod with its
-ResourceClaims and ResourceSlices (when ``BRIDGE_POD_NAME``/``BRIDGE_POD_NAMESPACE`` and an API are
-configured), and NVML (when ``nvidia-ml-py`` is installed); then prints, under ``plan``, the plan
-``simbridge serve`` would apply with the same settings (env ``BRIDGE_*`` and ``--config``, through
-the same :func:`~bridge.resources.from_settings.plan_settings`), before any stream connects.
-Problems with the sources are printed, never fatal: exit status 0, or 2 for bad arguments or
-settings.
+Reads once, with the bridge's own settings (``BRIDGE_*`` environment, ``BRIDGE_CONFIG``): the
+cgroup (``cgroup_root`` or the process's own), the own Pod with its ResourceClaims and
+ResourceSlices (when ``pod_name``/``pod_namespace`` and an API are configured), and NVML (when
+``nvidia-ml-py`` is installed); then prints, under ``plan``, the plan ``simbridge serve`` applies
+with the same settings, before any stream connects. The Kubernetes client (lightkube) is imported
+only when an API is configured. Problems are printed, never fatal: exit status 0 unless the
+arguments or settings are wrong.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +25,20 @@ from bridge.resources.cgroup import open_cgroup
 from bridge.resources.describe import describe_plan, describe_snapshot, render_text
 from bridge.resources.from_settings import plan_settings
 from bridge.resources.gpu import GpuProbe
-from bridge.resources.kubeapi import KubeConfig, KubeError, own_pod_from_env
+from bridge.resources.kubeapi import KubeConfig, KubeError, own_pod
 from bridge.resources.plan import make_plan
 from bridge.resources.podsource import PodSource, PodUpdate
 from bridge.resources.snapshot import Snapshot, Sourced
+from bridge.settings import Settings
 
 
 async def _fetch_pod(
-    env: Mapping[str, str], wait_s: float
+    settings: Settings, wait_s: float
 ) -> tuple[PodUpdate | None, dict[str, Any] | None]:
-    config, ref = KubeConfig.from_env(env), own_pod_from_env(env)
+    config = KubeConfig.resolve(settings.kube_api, settings.kube_token_file)
+    ref = own_pod(settings.pod_name, settings.pod_namespace)
     if config is None or ref is None:
-        why = "no API configured" if config is None else "BRIDGE_POD_NAME/NAMESPACE not set"
+        why = "no API configured" if config is None else "pod_name/pod_namespace not set"
         return None, {"configured": False, "why": why}
     info: dict[str, Any] = {"configured": True, "api": config.base_url, "pod": "/".join(ref)}
     from bridge.resources.kubelight import connect  # lightkube only with a cluster
@@ -57,17 +57,10 @@ async def _fetch_pod(
     return update, info
 
 
-def collect(
-    env: Mapping[str, str] | None = None,
-    timeout: float = 5.0,
-    settings: settings_mod.Settings | None = None,
-) -> dict[str, Any]:
-    """Read every source once; the dict that ``--json`` prints. ``settings`` default to the ones
-    ``simbridge serve`` would load from the same environment."""
-    env = os.environ if env is None else env
-    settings = settings_mod.load(flags={}, env=env) if settings is None else settings
-    reading = open_cgroup(env).read()
-    update, pod_info = asyncio.run(_fetch_pod(env, timeout))
+def collect(settings: Settings, timeout: float = 5.0) -> dict[str, Any]:
+    """Read every source once; the dict that ``--json`` prints."""
+    reading = open_cgroup(settings.cgroup_root).read()
+    update, pod_info = asyncio.run(_fetch_pod(settings, timeout))
     probe = GpuProbe.load()
     try:
         gpu = probe.read()
@@ -82,7 +75,7 @@ def collect(
     )
     out = describe_snapshot(snap)
     out["pod_source"] = pod_info
-    out["plan"] = describe_plan(make_plan(snap, plan_settings(settings, env)))
+    out["plan"] = describe_plan(make_plan(snap, plan_settings(settings)))
     out["plan_inputs"] = {
         "ring_budget_bytes": settings.ring_budget_bytes,
         "note": "the plan simbridge serve applies with these settings, before any stream connects",
@@ -107,12 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the bridge's YAML/TOML/JSON config file, as for serve (env BRIDGE_CONFIG)",
     )
     args = parser.parse_args(argv)
-    try:
-        settings = settings_mod.load(flags={}, env=os.environ, config_file=args.config)
+    try:  # the same BRIDGE_* environment (and BRIDGE_CONFIG file) as serve
+        settings = settings_mod.load(config_file=args.config)
     except ConfigError as exc:
         print(f"simbridge resources: {exc}", file=sys.stderr)
         return 2
-    data = collect(timeout=args.timeout, settings=settings)
+    data = collect(settings, timeout=args.timeout)
     if args.json:
         json.dump(data, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")

@@ -2,10 +2,10 @@
 
 The bridge's own calls (its Pod, the watch on it, ResourceClaims, ResourceSlices, Events) go through
 lightkube (:mod:`bridge.resources.kubelight`). This module keeps what both need and what tools use:
-:class:`KubeConfig` (``BRIDGE_KUBE_API``, e.g. the local stand-in ``loadgen.kubesim``, or the
-in-cluster service account: ``KUBERNETES_SERVICE_HOST``/``_PORT``, token and CA under
-``/var/run/secrets/kubernetes.io/serviceaccount``), :class:`KubeError`, the downward-API pod
-reference, the Event body, and :class:`KubeClient` (GET/POST/PATCH and JSON-lines watches over
+:class:`KubeConfig` (:meth:`KubeConfig.resolve`: the setting ``kube_api``, e.g. the local stand-in
+``loadgen.kubesim``, or the in-cluster service account: ``KUBERNETES_SERVICE_HOST``/``_PORT``,
+token and CA under ``/var/run/secrets/kubernetes.io/serviceaccount``), :class:`KubeError`, the
+pod reference, the Event body, and :class:`KubeClient` (GET/POST/PATCH and JSON-lines watches over
 HTTP/1.1, ``Connection: close`` per request), which the tests use to drive the stand-in. Without
 an API configured there is no cluster: the Pod source is absent, which is not an error.
 """
@@ -21,11 +21,14 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bridge.settings import env_name
+
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-ENV_API = "BRIDGE_KUBE_API"
-ENV_TOKEN_FILE = "BRIDGE_KUBE_TOKEN_FILE"
-ENV_POD_NAME = "BRIDGE_POD_NAME"
-ENV_POD_NAMESPACE = "BRIDGE_POD_NAMESPACE"
+# The variables a parent process sets for a bridge child (read by bridge.settings, not here).
+ENV_API = env_name("kube_api")
+ENV_TOKEN_FILE = env_name("kube_token_file")
+ENV_POD_NAME = env_name("pod_name")
+ENV_POD_NAMESPACE = env_name("pod_namespace")
 MAX_BODY = 64 << 20  # a Pod or slice list is KiBs; bound what a broken server can make us hold
 
 
@@ -45,12 +48,19 @@ class KubeConfig:
     ca_file: str | None = None
 
     @classmethod
-    def from_env(
-        cls, env: Mapping[str, str] | None = None, sa_dir: str = SA_DIR
+    def resolve(
+        cls,
+        api: str = "",
+        token_file: str = "",
+        *,
+        env: Mapping[str, str] | None = None,
+        sa_dir: str = SA_DIR,
     ) -> KubeConfig | None:
+        """``api`` (settings ``kube_api``/``kube_token_file``) when given, else the in-cluster
+        service account (``KUBERNETES_SERVICE_*`` set by the kubelet), else None."""
+        if api:
+            return cls(api.rstrip("/"), token_file or None)
         env = os.environ if env is None else env
-        if env.get(ENV_API):
-            return cls(env[ENV_API].rstrip("/"), env.get(ENV_TOKEN_FILE) or None)
         host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
         token = os.path.join(sa_dir, "token")
         if host and os.path.exists(token):
@@ -61,11 +71,10 @@ class KubeConfig:
         return None
 
 
-def own_pod_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
-    """(namespace, name) from the downward API env, or ``None`` outside a pod."""
-    env = os.environ if env is None else env
-    name, ns = env.get(ENV_POD_NAME), env.get(ENV_POD_NAMESPACE)
-    return (ns, name) if name and ns else None
+def own_pod(name: str, namespace: str) -> tuple[str, str] | None:
+    """(namespace, name) from the settings ``pod_name``/``pod_namespace`` (the downward API sets
+    their environment variables), or ``None`` outside a pod."""
+    return (namespace, name) if name and namespace else None
 
 
 @dataclass(slots=True)

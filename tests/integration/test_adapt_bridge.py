@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client import CollectorRegistry
 
 from bridge.app import BridgeService
@@ -44,17 +43,17 @@ def resize_body(memory: int) -> dict[str, Any]:
 
 
 async def test_memory_decrease_below_usage_succeeds_through_cooperative_shrink(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, free_port: int
+    tmp_path: Path, free_port: int
 ) -> None:
     cgroup = tmp_path / "cg"
     pod = json.loads((K8S / "pod-resize-done.json").read_text())
     async with KubeSim(pod, cgroup_dir=str(cgroup), sync_interval=0.02) as sim:
-        monkeypatch.setenv("BRIDGE_CGROUP_ROOT", str(cgroup))
-        monkeypatch.setenv("BRIDGE_KUBE_API", sim.url)
-        monkeypatch.setenv("BRIDGE_POD_NAME", "sim-bridge-0")
-        monkeypatch.setenv("BRIDGE_POD_NAMESPACE", "sim")
         settings = bridge_settings(
             adapt=True,
+            cgroup_root=str(cgroup),
+            kube_api=sim.url,
+            pod_name="sim-bridge-0",
+            pod_namespace="sim",
             passthrough=True,
             max_frame_bytes=2 * MiB,
             sink_address=f"127.0.0.1:{free_port}",  # the sink is down at first

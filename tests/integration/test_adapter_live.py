@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bridge import settings as settings_mod
 from bridge.resources.adapt import Adapter, AdapterSettings
 from bridge.resources.cgroup import CgroupReader
 from bridge.resources.gpu import GpuProbe
@@ -425,7 +426,7 @@ async def test_describe_names_every_source(stack: Callable[..., Any]) -> None:
     json.dumps(d)  # JSON-able for /debug/resources
 
 
-async def test_from_env(cg: Path) -> None:
+async def test_from_settings_env_form(cg: Path) -> None:
     sim = KubeSim(load("pod-running-initial.json"), cgroup_dir=None)
     await sim.start()
     try:
@@ -437,14 +438,18 @@ async def test_from_env(cg: Path) -> None:
         }
         target = FakeTarget()
         settings = AdapterSettings(poll_interval=0.01, plan=PlanSettings(ring_fraction=0.25))
-        adapter = Adapter.from_env(
-            target, CollectorRegistry(), settings=settings, env=env, gpu=GpuProbe(None)
+        adapter = Adapter.from_settings(
+            target,
+            CollectorRegistry(),
+            settings_mod.load(env=env),
+            settings=settings,
+            gpu=GpuProbe(None),
         )
         async with adapter:
             await eventually(lambda: adapter.describe()["pod"] is not None)
             assert target.ring == ((GiB - 64 * MiB) // 4, MiB)
-        no_cluster = Adapter.from_env(
-            FakeTarget(), CollectorRegistry(), env={"BRIDGE_CGROUP_ROOT": str(cg)}
+        no_cluster = Adapter.from_settings(
+            FakeTarget(), CollectorRegistry(), settings_mod.Settings(cgroup_root=str(cg))
         )
         assert no_cluster.describe()["pod_source"] is None
     finally:
@@ -517,7 +522,9 @@ async def test_container_name_from_env(cg: Path) -> None:
             "BRIDGE_POD_NAMESPACE": "sim",
             "BRIDGE_CONTAINER_NAME": "telemetry",
         }
-        adapter = Adapter.from_env(FakeTarget(), CollectorRegistry(), env=env, gpu=GpuProbe(None))
+        adapter = Adapter.from_settings(
+            FakeTarget(), CollectorRegistry(), settings_mod.load(env=env), gpu=GpuProbe(None)
+        )
         assert adapter.settings.plan.container == "telemetry"
     finally:
         await sim.stop()
@@ -547,7 +554,7 @@ def report(change):
           flush=True)
 
 async def main():
-    adapter = Adapter(T(), CollectorRegistry(), cgroup=open_cgroup({}), gpu=GpuProbe(None),
+    adapter = Adapter(T(), CollectorRegistry(), cgroup=open_cgroup(), gpu=GpuProbe(None),
                       settings=AdapterSettings(poll_interval=0.01), on_applied=report)
     print(json.dumps({"location": adapter.describe()["cgroup"]["location"]}), flush=True)
     async with adapter:

@@ -586,6 +586,35 @@ def test_urls_and_tls_are_checked_up_front() -> None:
     assert EdgeClient("grpcs://h:1", device_id="d", streams=spec).transport == "grpc"
 
 
+@pytest.mark.parametrize("transport", ["ws", "grpc"])
+async def test_a_server_that_never_answers_is_retried_not_waited_on(transport: str) -> None:
+    held: list[asyncio.StreamWriter] = []
+
+    async def black_hole(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accept the TCP connection, never say a word
+
+    server = await asyncio.start_server(black_hole, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = f"ws://127.0.0.1:{port}/v1/ingest" if transport == "ws" else f"grpc://127.0.0.1:{port}"
+    c = EdgeClient(
+        url,
+        device_id="d",
+        streams=[StreamSpec("a")],
+        connect_timeout=0.2,
+        welcome_timeout=0.2,
+        seed=1,
+    )
+    try:
+        await c.start(wait=False)
+        assert await c.wait_for(lambda: c.stats.connect_failures >= 3, 5.0), c.stats
+    finally:
+        await c.close()
+        for w in held:
+            w.transport.abort()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_start_fails_clearly_when_nothing_answers(env: Env) -> None:
     url = "ws://127.0.0.1:9/v1/ingest" if env.transport == "ws" else "grpc://127.0.0.1:9"
     c = env.client(url=url)

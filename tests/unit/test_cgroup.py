@@ -246,7 +246,7 @@ def test_env_root_v2_and_v1_layouts(tmp_path: Path) -> None:
     v2.mkdir()
     (v2 / "cpu.max").write_text("300000 100000\n")
     (v2 / "memory.max").write_text("max\n")
-    reader = open_cgroup({"BRIDGE_CGROUP_ROOT": str(v2)})
+    reader = open_cgroup(str(v2))
     assert reader.version == "v2"
     assert reader.read().cpu_limit_cores == 3.0
 
@@ -256,12 +256,12 @@ def test_env_root_v2_and_v1_layouts(tmp_path: Path) -> None:
     (v1 / "cpu,cpuacct" / "cpu.cfs_quota_us").write_text("-1\n")
     (v1 / "cpu,cpuacct" / "cpu.cfs_period_us").write_text("100000\n")
     (v1 / "memory" / "memory.limit_in_bytes").write_text("1073741824\n")
-    r = open_cgroup({"BRIDGE_CGROUP_ROOT": str(v1)}).read()
+    r = open_cgroup(str(v1)).read()
     assert (r.version, r.cpu_limit_cores, r.memory_limit_bytes) == ("v1", None, GiB)
 
 
 def test_env_root_missing_dir_is_reported(tmp_path: Path) -> None:
-    r = open_cgroup({"BRIDGE_CGROUP_ROOT": str(tmp_path / "nope")}).read()
+    r = open_cgroup(str(tmp_path / "nope")).read()
     assert r.version == "none" and r.problems
 
 
@@ -274,7 +274,7 @@ def test_unreadable_file_is_a_problem(tmp_path: Path) -> None:
 
 def test_real_host_cgroup_reads_without_problems() -> None:
     """The machine the tests run on: whatever its layout, the finder locates something readable."""
-    r = open_cgroup({}).read()
+    r = open_cgroup().read()
     if r.version == "none":
         pytest.skip(f"no cgroup visible here: {r.problems}")
     assert r.cpu_max is not None or r.memory_max is not None, r

@@ -12,6 +12,7 @@ from bridge.errors import (
     InvalidLayout,
     ProtocolViolation,
     SeqRegression,
+    SessionTaken,
     TooManyPoints,
     TooManySessions,
     TooManyStreams,
@@ -104,8 +105,14 @@ def test_hello_welcome_and_resume_by_token_and_device() -> None:
     s2, w2 = attach(core, hello(resume_token=s1.session_id), "conn2")
     assert s2 is s1 and w2.resumed
     assert [(s.stream_id, s.accepted_seq, s.delivered_seq) for s in w2.streams] == [("lidar", 1, 0)]
-    s3, w3 = attach(core, hello(), "conn3")  # same device, no token: still resumes
+    with pytest.raises(SessionTaken):  # same device, no token, session live: refused
+        attach(core, hello(), "conn3")
+    assert s1.connection == "conn2"
+    core.detach(s1, "conn2", now=1.0)
+    s3, w3 = attach(core, hello(), "conn3")  # detached: a device that lost its token resumes
     assert s3 is s1 and w3.resumed and s3.connection == "conn3"
+    s4, w4 = attach(core, hello(resume_token=s1.session_id), "conn4")  # the token takes over
+    assert s4 is s1 and w4.resumed and s4.connection == "conn4"
 
 
 def test_resume_state_from_hello_sets_the_baseline_of_a_new_stream() -> None:
@@ -262,9 +269,12 @@ def test_hello_returns_the_connection_it_supersedes() -> None:
     core, _ = make_core()
     first = core.hello(hello(), "old")
     assert first.superseded is None
-    again = core.hello(hello(), "new")  # reconnect while "old" still looks attached
+    token = first.session.session_id
+    # a reconnect with the session's token while "old" still looks attached (half-open)
+    again = core.hello(hello(resume_token=token), "new")
     assert again.session is first.session
     assert again.superseded == "old"
-    assert core.hello(hello(), "new").superseded is None  # the same connection replaces nothing
+    # the same connection replaces nothing
+    assert core.hello(hello(resume_token=token), "new").superseded is None
     core.detach(again.session, "new", 1.0)
     assert core.hello(hello(), "newer").superseded is None  # detached: nothing left to close

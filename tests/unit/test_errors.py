@@ -28,12 +28,14 @@ def test_every_protocol_error_has_one_valid_row() -> None:
     assert {c.reason for c in classes} == set(errors.WIRE)
     for cls in classes:
         row = cls().wire
-        assert row.ws_close in (1007, 1008, 1009)
+        assert row.ws_close in (1007, 1008, 1009, 1013)  # 1013: try again later
         assert isinstance(grpc.StatusCode[row.grpc_status], grpc.StatusCode)
         assert cls().fatal is row.fatal
     codes = [row.code for reason, row in errors.WIRE.items() if reason != "protocol"]
     refusals = [v for v in pb.ErrorCode.values() if v not in (0, pb.SHUTTING_DOWN)]
-    assert sorted(codes) == sorted(refusals), "one row per code (shutting down is a Drain)"
+    # Every refusal code is used (shutting down is a Drain); a code may name several reasons
+    # (the metric label tells them apart), e.g. UNAUTHENTICATED for a bad token or a taken session.
+    assert set(codes) == set(refusals)
 
 
 def test_errors_that_keep_the_connection_open() -> None:
@@ -42,6 +44,7 @@ def test_errors_that_keep_the_connection_open() -> None:
         "invalid_layout",
         "too_many_points",
         "seq_regression",
+        "telemetry_too_large",
     }
 
 

@@ -481,13 +481,13 @@ async def test_token_file_is_sent_and_reread(sim_factory: Any, tmp_path: Path) -
 
 
 def test_kube_config_from_env(tmp_path: Path) -> None:
-    assert KubeConfig.from_env({}, sa_dir=str(tmp_path)) is None
-    explicit = KubeConfig.from_env({"BRIDGE_KUBE_API": "http://127.0.0.1:1/"})
+    assert KubeConfig.resolve(env={}, sa_dir=str(tmp_path)) is None
+    explicit = KubeConfig.resolve("http://127.0.0.1:1/")
     assert explicit == KubeConfig("http://127.0.0.1:1")
     (tmp_path / "token").write_text("t")
     (tmp_path / "ca.crt").write_text("")
     env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"}
-    cfg = KubeConfig.from_env(env, sa_dir=str(tmp_path))
+    cfg = KubeConfig.resolve(env=env, sa_dir=str(tmp_path))
     assert cfg is not None and cfg.base_url == "https://[fd00::1]:6443"
     assert cfg.token_file == str(tmp_path / "token") and cfg.ca_file == str(tmp_path / "ca.crt")
     with pytest.raises(ValueError):

@@ -1,0 +1,47 @@
+"""Layout rules for the load generator and the benchmarks: small modules, and a launcher that the
+tests and benchmarks can import without the load generator's optional dependencies."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = sorted([*(ROOT / "loadgen").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")])
+MAX_LINES = 600
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[str(p.relative_to(ROOT)) for p in MODULES])
+def test_module_is_small(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)}: {lines} lines, split it"
+
+
+def _imported_roots(path: Path) -> set[str]:
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_launcher_needs_only_the_standard_library() -> None:
+    """tests/integration/harness.py and benchmarks/relay.py import it; neither may pull in
+    matplotlib, rich or jsonschema (the loadgen extra)."""
+    roots = _imported_roots(ROOT / "loadgen" / "launch.py") - {"__future__"}
+    assert roots <= set(sys.stdlib_module_names), roots - set(sys.stdlib_module_names)
+
+
+def test_one_launcher() -> None:
+    """The ready-line dance lives in loadgen/launch.py only."""
+    users = [
+        p.relative_to(ROOT)
+        for p in [*MODULES, ROOT / "tests" / "integration" / "harness.py"]
+        if "SIMBRIDGE_READY" in p.read_text() and p.name != "launch.py"
+    ]
+    assert users == []

@@ -1,0 +1,69 @@
+"""SubscriberSet with real asyncio queues: filtering, the backlog from the egress log, and a slow
+viewer that alone gets exact ``slow_subscriber`` gaps."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.egress import EgressLog
+from bridge.ring import Entry
+from bridge.session import Stream
+from bridge.subscribers import Subscriber, SubscriberSet
+from bridge.v1 import bridge_pb2 as pb
+from tests.unit.test_egress import committed, stream
+
+
+def decode(data: bytes | None) -> pb.ProcessedFrame:
+    assert data is not None
+    return pb.ProcessedFrame.FromString(data)
+
+
+def pairs(s: Stream, entries: list[Entry]) -> list[tuple[Stream, Entry]]:
+    return [(s, e) for e in entries]
+
+
+async def test_fanout_filters_by_stream_and_a_slow_viewer_gets_an_exact_gap() -> None:
+    log = EgressLog()
+    lidar, tele = stream("lidar"), stream("tele")
+    subs = SubscriberSet(log)
+    everything = Subscriber(set(), queue_frames=10)
+    slow = Subscriber({"lidar"}, queue_frames=2)
+    subs.attach(everything, 0)
+    subs.attach(slow, 0)
+    assert len(subs) == 2
+    entries = committed(log, lidar, 1, 2, 3, 4)
+    assert subs.fanout(pairs(lidar, entries)) == 2  # seqs 3 and 4 do not fit the slow queue
+    assert subs.fanout(pairs(tele, committed(log, tele, 1))) == 0  # slow does not want tele
+    assert [decode(await slow.get()).seq for _ in range(2)] == [1, 2]
+    assert subs.fanout(pairs(lidar, committed(log, lidar, 5))) == 0
+    got = decode(await slow.get())
+    assert got.seq == 5
+    assert (got.gap.first_seq, got.gap.last_seq, got.gap.count) == (3, 4, 2)
+    assert got.gap.reason == "slow_subscriber"
+    assert [decode(await everything.get()).seq for _ in range(6)] == [1, 2, 3, 4, 1, 5]
+
+
+async def test_backlog_comes_from_the_log_and_old_positions_are_refused() -> None:
+    log = EgressLog()
+    lidar = stream()
+    subs = SubscriberSet(log)
+    committed(log, lidar, 1, 2, 3)
+    backlog = subs.attach(Subscriber(set(), 10), from_bridge_seq=1)
+    assert [decode(b).bridge_seq for b in backlog] == [2, 3]
+    log.pop_acked(2)
+    with pytest.raises(ValueError, match="no longer held"):
+        subs.attach(Subscriber(set(), 10), from_bridge_seq=1)
+    assert len(subs) == 1
+
+
+async def test_close_ends_a_subscription_even_when_its_queue_is_full() -> None:
+    log = EgressLog()
+    subs = SubscriberSet(log)
+    sub = Subscriber(set(), queue_frames=1)
+    subs.attach(sub, 0)
+    lidar = stream()
+    subs.fanout(pairs(lidar, committed(log, lidar, 1)))
+    subs.close_all()
+    assert await sub.get() is None
+    subs.detach(sub)
+    assert len(subs) == 0
