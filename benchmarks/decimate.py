@@ -566,7 +566,11 @@ def _fmt_row(r: Row) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``simbridge bench decimate``; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for folder in [] if args.no_real else args.real:  # an error, never a smaller benchmark
+        if not folder.is_dir():
+            parser.error(f"--real {folder}: no such directory (--no-real skips the real frames)")
     if args.json:
         report = run(args, lambda _line: None)
         print(

@@ -70,3 +70,14 @@ def synthetic_xyz_count(xyz: np.ndarray, voxel: float) -> int:
     from bridge.decimate import downsample_arrays
 
     return len(downsample_arrays(xyz, voxel))
+
+
+def test_missing_real_frames_directory_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing data folder stops the benchmark instead of silently dropping the real frames."""
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(SystemExit) as info:
+        main(["--sizes", "3k", "--voxels", "0.5", "--shapes", "lidar", "--real", str(missing)])
+    assert info.value.code == 2
+    assert f"--real {missing}: no such directory" in capsys.readouterr().err
