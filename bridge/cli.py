@@ -1,7 +1,9 @@
 """``simbridge``: the bridge's command line (serve, resources, decimate, bench, view).
 
 Only this module calls ``sys.exit``. ``serve`` installs signal handlers: SIGTERM (or a first
-SIGINT) drains and exits 0; a second SIGINT forces an immediate exit.
+SIGINT) drains and exits 0, or 3 when the grace period ended with frames undelivered (the edges
+resend them to the next bridge); a second SIGINT forces an immediate exit (130). Invalid
+settings and listeners that cannot be bound exit 2 with one line on stderr.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from bridge import settings as settings_mod
 from bridge.errors import BridgeError, ConfigError
 
 log = logging.getLogger("bridge.cli")
+
+EXIT_DRAIN_INCOMPLETE = 3  # SIGTERM: the grace period ended with frames still undelivered
 
 
 def _serve(argv: list[str]) -> int:
@@ -53,7 +57,7 @@ def _serve(argv: list[str]) -> int:
     except BridgeError as exc:
         print(f"simbridge: {exc}", file=sys.stderr)
         return 2
-    return 0 if ok else 1
+    return 0 if ok else EXIT_DRAIN_INCOMPLETE
 
 
 async def _serve_async(settings: settings_mod.Settings) -> bool:
@@ -79,8 +83,7 @@ async def _serve_async(settings: settings_mod.Settings) -> bool:
     # One machine-readable line so supervisors (tests, the demo) learn ports chosen with 0.
     print(ready_line(ports.ws, ports.grpc, ports.http, settings.log_format), flush=True)
     await service.wait_stopped()
-    await service.shutdown()
-    return True
+    return await service.shutdown()
 
 
 def ready_line(ws: int, grpc: int, http: int, log_format: str) -> str:

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
+from bridge import wire
 from bridge.cloud import CloudLayout, make_layout, point_count
-from bridge.errors import FrameTooLarge, MalformedMessage
+from bridge.errors import FrameTooLarge, MalformedMessage, TelemetryTooLarge
 from bridge.v1 import bridge_pb2 as pb
 
 
@@ -20,6 +21,8 @@ class Limits:
     max_frame_bytes: int
     max_points: int
     max_streams_per_session: int
+    max_telemetry_bytes: int = 1 << 20
+    max_telemetry_entries: int = 4096
 
     def to_proto(self) -> pb.ServerLimits:
         return pb.ServerLimits(
@@ -30,17 +33,90 @@ class Limits:
 
 
 def decode_edge(raw: bytes, limits: Limits) -> pb.EdgeMessage:
-    """Parse one EdgeMessage; refuse oversize or undecodable bytes and empty oneofs."""
+    """Parse one EdgeMessage; refuse oversize or undecodable bytes and empty oneofs.
+
+    Telemetry is sized before it is parsed (a map of many small entries costs far more to parse
+    than its bytes suggest), and its entries are counted after; both refusals are non-fatal and
+    carry the frame's stream and seq so the edge knows which frame was refused.
+    """
     if len(raw) > limits.max_frame_bytes:
         raise FrameTooLarge(f"message of {len(raw)} bytes exceeds max {limits.max_frame_bytes}")
+    telemetry_bytes = _telemetry_size(raw)
+    if telemetry_bytes > limits.max_telemetry_bytes:
+        raise TelemetryTooLarge(
+            f"telemetry of {telemetry_bytes} bytes exceeds max_telemetry_bytes "
+            f"{limits.max_telemetry_bytes}",
+            frame=_frame_header(raw),
+        )
     msg = pb.EdgeMessage()
     try:
         msg.ParseFromString(raw)
     except DecodeError as exc:
         raise MalformedMessage(f"not a valid EdgeMessage: {exc}") from None
-    if msg.WhichOneof("kind") is None:
+    kind = msg.WhichOneof("kind")
+    if kind is None:
         raise MalformedMessage("EdgeMessage carries neither hello nor frame")
+    if kind == "frame" and telemetry_bytes:
+        entries = len(msg.frame.telemetry.values)
+        if entries > limits.max_telemetry_entries:
+            header = pb.Frame(stream_id=msg.frame.stream_id, seq=msg.frame.seq)
+            raise TelemetryTooLarge(
+                f"telemetry with {entries} entries exceeds max_telemetry_entries "
+                f"{limits.max_telemetry_entries}",
+                frame=header,
+            )
     return msg
+
+
+_FRAME_KEY = wire.field_key(pb.EdgeMessage.DESCRIPTOR, "frame")
+_TELEMETRY = wire.field_number(pb.Frame.DESCRIPTOR, "telemetry")
+_STREAM_ID = wire.field_number(pb.Frame.DESCRIPTOR, "stream_id")
+_SEQ = wire.field_number(pb.Frame.DESCRIPTOR, "seq")
+
+
+def _frame_fields(raw: bytes) -> list[tuple[int, int, int, int]]:
+    """(field number, wire type, value or start, length) of the top-level Frame fields, or []
+    when ``raw`` is not a well-formed EdgeMessage{frame} (the parser then says what is wrong).
+    Walks keys and lengths only: O(fields), never O(bytes)."""
+    try:
+        if not raw.startswith(_FRAME_KEY):
+            return []
+        length, i = wire.decode_varint(raw, len(_FRAME_KEY))
+        end = i + length
+        if end > len(raw):
+            return []
+        out = []
+        while i < end:
+            key, i = wire.decode_varint(raw, i)
+            number, wire_type = key >> 3, key & 7
+            if wire_type == wire.WIRE_VARINT:
+                value, i = wire.decode_varint(raw, i)
+                out.append((number, wire_type, value, 0))
+            elif wire_type == wire.WIRE_LEN:
+                size, i = wire.decode_varint(raw, i)
+                out.append((number, wire_type, i, size))
+                i += size
+            elif wire_type in (1, 5):
+                i += 8 if wire_type == 1 else 4
+            else:
+                return []
+        return out if i == end else []
+    except (IndexError, ValueError):
+        return []
+
+
+def _telemetry_size(raw: bytes) -> int:
+    return sum(size for n, t, _, size in _frame_fields(raw) if n == _TELEMETRY and t == 2)
+
+
+def _frame_header(raw: bytes) -> pb.Frame:
+    frame = pb.Frame()
+    for number, wire_type, value, size in _frame_fields(raw):
+        if number == _STREAM_ID and wire_type == wire.WIRE_LEN:
+            frame.stream_id = raw[value : value + size].decode("utf-8", "replace")
+        elif number == _SEQ and wire_type == wire.WIRE_VARINT:
+            frame.seq = value
+    return frame
 
 
 LayoutKey = tuple[int, tuple[tuple[str, int, int], ...]]

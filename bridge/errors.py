@@ -9,10 +9,16 @@ and the metrics read the same row, so a WebSocket edge and a gRPC edge are told 
     │   ├── InvalidLayout     PointCloud layout is wrong
     │   ├── TooManyPoints     more points than allowed
     │   ├── FrameTooLarge     message above the max size
+    │   │   └── FrameNeverFits  above what the memory budget can ever grant now (not fatal)
     │   ├── SeqRegression     seq going backwards
     │   ├── TooManyStreams    streams per session > limit
     │   ├── TooManySessions   sessions > limit
-    │   └── Unauthenticated   missing/wrong bearer token
+    │   ├── TooManyPending    too many connections still owe their Hello
+    │   ├── HelloTimeout      no Hello within ``hello_timeout_seconds``
+    │   ├── TelemetryTooLarge telemetry above its own byte / entry limits
+    │   ├── Unauthenticated   missing/wrong bearer token
+    │   └── SessionTaken      a Hello for a live device without that session's resume token
+    ├── StartupError          a listener could not be bound
     └── ConfigError           invalid settings (all problems listed at once)
 
 :data:`WIRE` gives, per ``reason``: the ``Error.code`` sent in the protobuf ``Error`` message, the
@@ -38,7 +44,7 @@ class WireError:
     fatal: bool  # close the connection after reporting
 
 
-_POLICY, _INVALID_DATA, _TOO_BIG = 1008, 1007, 1009  # RFC 6455 close codes
+_POLICY, _INVALID_DATA, _TOO_BIG, _TRY_LATER = 1008, 1007, 1009, 1013  # WebSocket close codes
 
 WIRE: dict[str, WireError] = {
     "protocol": WireError(pb.ERROR_CODE_UNSPECIFIED, _POLICY, "INVALID_ARGUMENT", True),
@@ -48,10 +54,15 @@ WIRE: dict[str, WireError] = {
     "invalid_layout": WireError(pb.INVALID_LAYOUT, _POLICY, "INVALID_ARGUMENT", False),
     "too_many_points": WireError(pb.TOO_MANY_POINTS, _POLICY, "RESOURCE_EXHAUSTED", False),
     "too_large": WireError(pb.TOO_LARGE, _TOO_BIG, "RESOURCE_EXHAUSTED", True),
+    "over_budget": WireError(pb.TOO_LARGE, _TOO_BIG, "RESOURCE_EXHAUSTED", False),
     "seq_regression": WireError(pb.SEQ_REGRESSION, _POLICY, "INVALID_ARGUMENT", False),
     "too_many_streams": WireError(pb.TOO_MANY_STREAMS, _POLICY, "RESOURCE_EXHAUSTED", True),
     "too_many_sessions": WireError(pb.TOO_MANY_SESSIONS, _POLICY, "RESOURCE_EXHAUSTED", True),
     "unauthenticated": WireError(pb.UNAUTHENTICATED, _POLICY, "UNAUTHENTICATED", True),
+    "session_taken": WireError(pb.UNAUTHENTICATED, _POLICY, "UNAUTHENTICATED", True),
+    "too_many_pending": WireError(pb.TOO_MANY_SESSIONS, _TRY_LATER, "RESOURCE_EXHAUSTED", True),
+    "hello_timeout": WireError(pb.PROTOCOL_VIOLATION, _POLICY, "DEADLINE_EXCEEDED", True),
+    "telemetry_too_large": WireError(pb.TOO_LARGE, _POLICY, "RESOURCE_EXHAUSTED", False),
 }
 
 
@@ -60,9 +71,14 @@ class BridgeError(Exception):
 
 
 class ProtocolError(BridgeError):
-    """A peer sent something we refuse. ``reason`` is the metric label and the :data:`WIRE` key."""
+    """A peer sent something we refuse. ``reason`` is the metric label and the :data:`WIRE` key.
+    ``frame`` (stream id and seq only) names the refused frame when the message was not parsed."""
 
     reason = "protocol"
+
+    def __init__(self, message: str = "", *, frame: pb.Frame | None = None) -> None:
+        super().__init__(message)
+        self.frame = frame
 
     @property
     def wire(self) -> WireError:
@@ -98,6 +114,13 @@ class FrameTooLarge(ProtocolError):
     reason = "too_large"
 
 
+class FrameNeverFits(FrameTooLarge):
+    """Within ``max_frame_bytes`` as configured, but above what the memory budget can ever
+    grant now (the limit fell): the frame is refused with an Error, the connection stays."""
+
+    reason = "over_budget"
+
+
 class SeqRegression(ProtocolError):
     reason = "seq_regression"
 
@@ -112,6 +135,27 @@ class TooManySessions(ProtocolError):
 
 class Unauthenticated(ProtocolError):
     reason = "unauthenticated"
+
+
+class SessionTaken(ProtocolError):
+    reason = "session_taken"
+
+
+class TooManyPending(ProtocolError):
+    reason = "too_many_pending"
+
+
+class HelloTimeout(ProtocolError):
+    reason = "hello_timeout"
+
+
+class TelemetryTooLarge(ProtocolError):
+    reason = "telemetry_too_large"
+
+
+class StartupError(BridgeError):
+    """The bridge could not start (a port in use, an address that cannot be bound): one line
+    for the operator, exit status 2, no traceback."""
 
 
 class ConfigError(BridgeError):

@@ -1,12 +1,15 @@
 """Operations HTTP endpoint: ``/metrics``, ``/healthz``, ``/readyz``, ``/debug/resources``.
 
 A deliberately tiny HTTP/1.1 server on asyncio streams (GET only, one request per connection,
-bounded request size): the control surface exposes nothing that changes state.
+bounded request size): the control surface exposes nothing that changes state. With a token set,
+``/debug/*`` always needs ``Authorization: Bearer <token>`` and ``/metrics`` does unless it was
+left open for Prometheus (``metrics_auth: open``); the probes stay open for the kubelet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 from collections.abc import Callable
@@ -27,11 +30,17 @@ class OpsHttpServer:
         is_live: Callable[[], bool],
         is_ready: Callable[[], bool],
         describe_resources: Callable[[], dict[str, Any]],
+        token: str = "",
+        metrics_open: bool = False,
+        on_unauthorized: Callable[[str], None] | None = None,
     ) -> None:
         self.registry = registry
         self.is_live = is_live
         self.is_ready = is_ready
         self.describe_resources = describe_resources
+        self.token = token
+        self.metrics_open = metrics_open
+        self.on_unauthorized = on_unauthorized
         self.server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -42,6 +51,22 @@ class OpsHttpServer:
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
+
+    def needs_token(self, path: str) -> bool:
+        if not self.token:
+            return False
+        if path == "/metrics":
+            return not self.metrics_open
+        return path.startswith("/debug/")
+
+    def authorized(self, head: bytes) -> bool:
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"authorization":
+                scheme, _, offered = value.strip().partition(b" ")
+                if scheme.lower() == b"bearer":
+                    return hmac.compare_digest(offered.strip(), self.token.encode())
+        return False
 
     def route(self, path: str) -> tuple[int, str, bytes]:
         if path == "/metrics":
@@ -64,16 +89,24 @@ class OpsHttpServer:
             if method not in ("GET", "HEAD"):
                 status, ctype, body = 405, "text/plain", b"method not allowed\n"
             else:
-                status, ctype, body = self.route(target.split("?", 1)[0])
+                path = target.split("?", 1)[0]
+                if self.needs_token(path) and not self.authorized(head):
+                    status, ctype, body = 401, "text/plain", b"bearer token required\n"
+                    if self.on_unauthorized is not None:
+                        self.on_unauthorized(path)
+                else:
+                    status, ctype, body = self.route(path)
             reason = {
                 200: "OK",
+                401: "Unauthorized",
                 404: "Not Found",
                 405: "Method Not Allowed",
                 503: "Service Unavailable",
             }
+            auth_header = "WWW-Authenticate: Bearer\r\n" if status == 401 else ""
             writer.write(
                 f"HTTP/1.1 {status} {reason.get(status, 'OK')}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n{auth_header}\r\n".encode()
             )
             if method != "HEAD":
                 writer.write(body)

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 
 
 class JsonFormatter(logging.Formatter):
@@ -31,3 +32,37 @@ def configure(fmt: str = "text", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+class RateLimitedLog:
+    """Logs the first event of each kind at once, then at most one line per ``interval_seconds``
+    with how many were suppressed (why: refused input is counted in metrics; the log only needs
+    to show that it happens, not every instance)."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        interval_seconds: float,
+        level: int = logging.INFO,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.interval = interval_seconds
+        self.level = level
+        self.clock = clock
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def log(self, kind: str, msg: str, *args: object) -> bool:
+        """Log ``msg % args`` tagged with ``kind`` unless one was logged recently; True if so."""
+        now = self.clock()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.interval:
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            return False
+        self._last[kind] = now
+        skipped = self._suppressed.pop(kind, 0)
+        suffix = f" ({kind}; {skipped} more since the last line)" if skipped else f" ({kind})"
+        self.logger.log(self.level, msg + suffix, *args)
+        return True

@@ -5,6 +5,11 @@ Protocol: on a new Push stream the sink first sends its per-stream watermarks (w
 holds); the bridge marks those delivered and only then sends, so a restarted bridge never sends
 a frame twice. Afterwards the sink acknowledges cumulatively by ``bridge_seq``. Reconnects use
 exponential backoff with full jitter.
+
+Liveness: a sink can go silent without a TCP reset (a partition, a hung process). HTTP/2
+keepalive pings notice a dead connection; an ack deadline notices a live connection whose sink
+stopped acknowledging: frames in flight with no ack progress for ``sink_ack_timeout_seconds``
+end the stream, and the next one replays them.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import time
 
 import grpc
 
+from bridge.governor import Component, Governor
 from bridge.metrics import BridgeMetrics
 from bridge.ports import Delivery
 from bridge.ring import Entry
@@ -30,13 +36,23 @@ _BATCH = 64
 
 
 class SinkPusher:
-    def __init__(self, delivery: Delivery, settings: Settings, metrics: BridgeMetrics) -> None:
+    def __init__(
+        self,
+        delivery: Delivery,
+        settings: Settings,
+        metrics: BridgeMetrics,
+        governor: Governor | None = None,
+    ) -> None:
         self.delivery = delivery
+        self.governor = governor  # each push in flight is charged (egress) until written
         self.settings = settings
         self.metrics = metrics
         self.address = settings.sink_address
         self._wake = asyncio.Event()
         self._connected = asyncio.Event()
+        self._highest_sent = 0  # bridge_seq of the last frame written on this stream
+        self._highest_acked = 0
+        self._waiting_since: float | None = None  # frames in flight, no ack progress since
 
     def wake(self) -> None:
         self._wake.set()
@@ -57,6 +73,10 @@ class SinkPusher:
             # after the sink restarted, stalling our reconnect for seconds.
             ("grpc.use_local_subchannel_pool", 1),
             ("grpc.max_reconnect_backoff_ms", int(settings.sink_backoff_max_seconds * 1000)),
+            ("grpc.keepalive_time_ms", int(settings.sink_keepalive_seconds * 1000)),
+            ("grpc.keepalive_timeout_ms", int(settings.ping_timeout_seconds * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
         ]
         while True:
             self.metrics.sink_reconnects.inc()
@@ -90,30 +110,71 @@ class SinkPusher:
             PUSH_METHOD, request_serializer=None, response_deserializer=pb.SinkAck.FromString
         )
         call = push(wait_for_ready=False)
-        first = await asyncio.wait_for(call.read(), self.settings.sink_handshake_timeout_seconds)
+        handshake = self.settings.sink_handshake_timeout_seconds
+        try:
+            first = await asyncio.wait_for(call.read(), handshake)
+        except TimeoutError:
+            call.cancel()
+            self.metrics.sink_failures.labels("handshake_timeout").inc()
+            raise TimeoutError(
+                f"no watermark SinkAck within {handshake:g} s: a VisualizationSink sends its "
+                "watermarks first on every Push stream"
+            ) from None
         if first is grpc.aio.EOF:
             raise ConnectionError("sink closed the stream before its watermarks")
         assert isinstance(first, pb.SinkAck)
         delivery.sink_connected([((w.device_id, w.stream_id), w.seq) for w in first.watermarks])
+        self._highest_sent = self._highest_acked = 0
+        self._waiting_since = None
         self._connected.set()
         self.metrics.sink_connected.set(1)
         log.info("sink %s connected (%d watermarks)", self.address, len(first.watermarks))
-        sender = asyncio.create_task(self._send_loop(call), name="sink-send")
+        tasks = [
+            asyncio.create_task(self._send_loop(call), name="sink-send"),
+            asyncio.create_task(self._read_acks(call), name="sink-acks"),
+            asyncio.create_task(self._watch_acks(), name="sink-ack-deadline"),
+        ]
         try:
-            while True:
-                ack = await call.read()
-                if ack is grpc.aio.EOF:
-                    raise ConnectionError("sink ended the stream")
-                assert isinstance(ack, pb.SinkAck)
-                if ack.watermarks:
-                    delivery.sink_watermarks(
-                        [((w.device_id, w.stream_id), w.seq) for w in ack.watermarks]
-                    )
-                if ack.bridge_seq:
-                    self._count_delivered(delivery.sink_ack(ack.bridge_seq))
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # raises what ended the stream
+            raise ConnectionError("push stream ended")
         finally:
-            sender.cancel()
             call.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _read_acks(self, call: grpc.aio.StreamStreamCall[bytes, pb.SinkAck]) -> None:
+        delivery = self.delivery
+        while True:
+            ack = await call.read()
+            if ack is grpc.aio.EOF:
+                raise ConnectionError("sink ended the stream")
+            assert isinstance(ack, pb.SinkAck)
+            if ack.watermarks:
+                delivery.sink_watermarks(
+                    [((w.device_id, w.stream_id), w.seq) for w in ack.watermarks]
+                )
+            if ack.bridge_seq:
+                self._count_delivered(delivery.sink_ack(ack.bridge_seq))
+                if ack.bridge_seq > self._highest_acked:
+                    self._highest_acked = ack.bridge_seq
+                    caught_up = self._highest_acked >= self._highest_sent
+                    self._waiting_since = None if caught_up else time.monotonic()
+
+    async def _watch_acks(self) -> None:
+        """End the stream when frames are in flight and no ack advanced for the deadline."""
+        timeout = self.settings.sink_ack_timeout_seconds
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            since = self._waiting_since
+            if since is not None and time.monotonic() - since > timeout:
+                self.metrics.sink_failures.labels("ack_timeout").inc()
+                raise TimeoutError(
+                    f"no ack progress for {timeout:g} s with frames in flight "
+                    f"(sent up to bridge_seq {self._highest_sent}, acked {self._highest_acked})"
+                )
 
     async def _send_loop(self, call: grpc.aio.StreamStreamCall[bytes, pb.SinkAck]) -> None:
         delivery = self.delivery
@@ -130,7 +191,20 @@ class SinkPusher:
                     continue
                 if out.replay:
                     replayed.inc()
-                await call.write(out.data)
+                charge = (
+                    self.governor.force(Component.EGRESS, len(out.data))
+                    if self.governor is not None
+                    else None
+                )
+                try:
+                    await call.write(out.data)
+                finally:
+                    if charge is not None:
+                        charge.release()
+                del out
+                self._highest_sent = max(self._highest_sent, entry.bridge_seq)
+                if self._waiting_since is None:
+                    self._waiting_since = time.monotonic()
 
     def _count_delivered(self, entries: list[Entry]) -> None:
         self.metrics.frames_delivered.inc(len(entries))

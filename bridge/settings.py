@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -19,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from bridge.credentials import parse_device_tokens
 from bridge.errors import ConfigError
 from bridge.settings_help import flag_help
 
@@ -41,7 +44,6 @@ class Settings:
     subscriber_queue_frames: int = 256
     # Rings
     ring_budget_bytes: int = 512 * MiB  # with adapt: only when memory is unlimited
-    ring_floor_bytes: int = 0  # 0 = max_frame_bytes (a ring can always hold one frame)
     overflow_policy: str = "backpressure"  # backpressure | drop_oldest
     # Processing
     workers: int = 0  # 0 = from the CPU quota / affinity
@@ -86,6 +88,19 @@ class Settings:
     sink_ca_file: str = ""
     sink_cert_file: str = ""
     sink_key_file: str = ""
+    # Hardening: who may read, how long a connection may stay anonymous, what a message may cost
+    viewer_token: str = ""  # bearer token for Subscribe; empty = auth_token
+    bind_device_to_certificate: bool = False  # mTLS: device id must be a name in the cert
+    device_tokens_file: str = ""  # per-device tokens (bridge/credentials.py); reloaded on change
+    metrics_auth: str = "token"  # with auth on, /metrics needs the token (token) or not (open)
+    hello_timeout_seconds: float = 5.0  # a connection must say Hello within this
+    max_pending_connections: int = 256  # connections that have not said Hello yet
+    max_telemetry_bytes: int = 1 * MiB  # a telemetry payload (blob + map) above this is refused
+    max_telemetry_entries: int = 4096  # telemetry map entries
+    sink_ack_timeout_seconds: float = 10.0  # frames in flight with no ack progress: reconnect
+    # HTTP/2 pings on an idle push channel; gRPC servers refuse pings more often than every
+    # 5 min unless they allow it (GOAWAY too_many_pings), so lower it only for sinks that do
+    sink_keepalive_seconds: float = 300.0
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -93,8 +108,9 @@ class Settings:
     def public_dict(self) -> dict[str, Any]:
         """Settings as a dict, secrets masked (for logs and /debug)."""
         d = dataclasses.asdict(self)
-        if d["auth_token"]:
-            d["auth_token"] = "***"
+        for secret in ("auth_token", "viewer_token"):
+            if d[secret]:
+                d[secret] = "***"
         return d
 
 
@@ -103,9 +119,10 @@ _CHOICES = {
     "decimate_backend": ("auto", "cuda", "c", "numpy"),
     "log_format": ("text", "json"),
     "log_level": ("DEBUG", "INFO", "WARNING", "ERROR"),
+    "metrics_auth": ("token", "open"),
 }
 _PORTS = ("ws_port", "grpc_port", "http_port")
-_NON_NEGATIVE = ("workers", "ring_floor_bytes", "voxel_size", "reconnect_after_ms")
+_NON_NEGATIVE = ("workers", "voxel_size", "reconnect_after_ms")
 
 
 def env_name(field: str) -> str:
@@ -215,9 +232,58 @@ def validate(s: Settings) -> list[str]:
         )
         if positive and isinstance(value, int | float) and value <= 0:
             problems.append(f"{f.name}: must be > 0")
+    problems += _address_problems(s)
+    if s.device_tokens_file:
+        try:
+            text = Path(s.device_tokens_file).read_text(encoding="utf-8")
+            parse_device_tokens(text, s.device_tokens_file)
+        except (OSError, ValueError) as exc:
+            problems.append(f"device_tokens_file: {exc}")
     if s.sink_backoff_initial_seconds > s.sink_backoff_max_seconds:
         problems.append("sink_backoff_initial_seconds: must be <= sink_backoff_max_seconds")
     problems += _tls_problems(s)
+    return problems
+
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+
+
+def valid_host(host: str) -> bool:
+    """An IP literal (v4, v6, optionally bracketed) or a DNS name; no lookup happens here."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+        return True
+    except ValueError:
+        return bool(_HOSTNAME.match(host))
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 as ``[::1]:port``) into its parts; ValueError says what is wrong."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{address!r} is not host:port")
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"{address!r}: port must be 1-65535")
+    if not valid_host(host):
+        raise ValueError(f"{address!r}: {host!r} is not a host name or IP address")
+    return host.strip("[]"), int(port_text)
+
+
+def _address_problems(s: Settings) -> list[str]:
+    problems = []
+    if not valid_host(s.host):
+        problems.append(f"host: {s.host!r} is not a host name or IP address")
+    if s.sink_address:
+        try:
+            split_address(s.sink_address)
+        except ValueError as exc:
+            problems.append(f"sink_address: {exc}")
+    bound = [(name, getattr(s, name)) for name in _PORTS if getattr(s, name)]
+    for i, (name, port) in enumerate(bound):
+        for other, other_port in bound[:i]:
+            if port == other_port:
+                problems.append(f"{name}: port {port} is also {other}")
     return problems
 
 
@@ -226,6 +292,8 @@ def _tls_problems(s: Settings) -> list[str]:
     for a, b in (("tls_cert_file", "tls_key_file"), ("sink_cert_file", "sink_key_file")):
         if bool(getattr(s, a)) != bool(getattr(s, b)):
             problems.append(f"{a} and {b}: set both or neither")
+    if s.bind_device_to_certificate and not s.tls_client_ca_file:
+        problems.append("bind_device_to_certificate: needs tls_client_ca_file (mTLS)")
     if s.tls_client_ca_file and not s.tls_cert_file:
         problems.append("tls_client_ca_file: needs tls_cert_file/tls_key_file (a TLS server)")
     if s.sink_cert_file and not s.sink_ca_file:

@@ -21,7 +21,6 @@ HELP: dict[str, str] = {
     "subscriber_queue_frames": "frames queued per viewer before it gets slow_subscriber gaps",
     "ring_budget_bytes": "bytes all stream rings share; with adapt, used only when memory is "
     "unlimited (otherwise planned from the memory limit)",
-    "ring_floor_bytes": "smallest ring per stream, in bytes (0 = max_frame_bytes)",
     "overflow_policy": "default per-stream policy when a ring is full: backpressure pauses the "
     "edge and never drops; drop_oldest evicts, counts and announces a gap",
     "workers": "decimation worker threads (0 = from the CPU quota, re-planned live)",
@@ -52,6 +51,31 @@ HELP: dict[str, str] = {
     "log_level": "log level",
     "auth_token": "bearer token edges must present (Hello.auth_token or Authorization: Bearer); "
     "empty = no authentication",
+    "cgroup_root": "a cgroup directory to watch instead of the bridge's own (tests, the demo)",
+    "kube_api": "Kubernetes API base URL; empty = the in-cluster service account",
+    "kube_token_file": "bearer token file for kube_api (re-read on every request)",
+    "pod_name": "the bridge's own Pod (downward API); with pod_namespace, its resize is watched",
+    "pod_namespace": "namespace of pod_name",
+    "container_name": "the bridge's container in the Pod; empty = 'bridge', else the first",
+    "cuda_lib": "the CUDA decimation library to load; empty = _sbv_cuda.so next to the package",
+    "viewer_token": "bearer token Visualization.Subscribe needs (gRPC authorization metadata); "
+    "empty = auth_token",
+    "bind_device_to_certificate": "with mTLS: a Hello's device id must be the client "
+    "certificate's CN or one of its subject alternative names (and may then take over its "
+    "own live session)",
+    "device_tokens_file": "file of 'DEVICE_ID sha256:HEX' lines: each device proves its id with "
+    "its own token (re-read when it changes); auth_token, if set, is still accepted",
+    "metrics_auth": "with auth_token set: /metrics needs the token (token) or is open for "
+    "Prometheus (open); /debug/* always needs it",
+    "hello_timeout_seconds": "a connection must send Hello within this (also the gRPC "
+    "HTTP/2 handshake deadline)",
+    "max_pending_connections": "most connections that have not sent Hello yet",
+    "max_telemetry_bytes": "largest telemetry payload, checked before it is parsed",
+    "max_telemetry_entries": "most entries in a telemetry map",
+    "sink_ack_timeout_seconds": "frames in flight to the sink with no ack progress for this "
+    "long: the push stream is reset and replayed",
+    "sink_keepalive_seconds": "HTTP/2 keepalive ping interval on an idle push channel (gRPC "
+    "servers refuse pings more often than every 300 s unless configured to allow them)",
     "tls_cert_file": "PEM certificate chain: serve WSS and TLS gRPC on the ingest ports",
     "tls_key_file": "PEM private key for tls_cert_file",
     "tls_client_ca_file": "PEM CA bundle: edges must present a certificate it signed (mTLS)",
@@ -69,6 +93,6 @@ def flag_help(name: str, default: object, choices: Sequence[str] | None) -> str:
     parts = [HELP.get(name, name.replace("_", " "))]
     if choices:
         parts.append("one of: " + ", ".join(choices))
-    shown = "" if name == "auth_token" else repr(default)
+    shown = "" if name in ("auth_token", "viewer_token") else repr(default)
     text = "; ".join(parts) + f" (default {shown or 'empty'}; env BRIDGE_{name.upper()})"
     return text.replace("%", "%%")

@@ -1,7 +1,8 @@
 """Servers as child processes: start, wait for the ready line, stop cleanly, kill on timeout.
 
 Why one module: ``simbridge serve`` (and the relay bench's raw relays) announce readiness with one
-stdout line, ``SIMBRIDGE_READY ws=PORT grpc=PORT http=PORT``, after binding port 0. The loadgen
+stdout line, ``SIMBRIDGE_READY ws=PORT grpc=PORT http=PORT`` (or one JSON object with
+``"msg": "SIMBRIDGE_READY"`` under ``--log-format json``), after binding port 0. The loadgen
 runner, the integration-test harness and the relay bench all need the same dance around it, and
 the failure paths (no line before the deadline, the child dies, SIGTERM ignored) are where copies
 drift. Standard library only, so tests and benchmarks import it without the loadgen extras.
@@ -14,6 +15,7 @@ and not read after the ready line (the servers print nothing else there).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -32,7 +34,17 @@ def serve_command(*args: str, host: str = "127.0.0.1") -> list[str]:
 
 
 def parse_ready(line: str, prefix: str = READY) -> dict[str, int] | None:
-    """The ``key=port`` pairs of a ready line; ``None`` when ``line`` is not one."""
+    """The ports of a ready line; ``None`` when ``line`` is not one. Plain form:
+    ``PREFIX key=port ...``; JSON form (``serve --log-format json``): one object with
+    ``"msg": PREFIX`` and the ports as integer members."""
+    if line.lstrip().startswith("{"):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(entry, dict) or entry.get("msg") != prefix:
+            return None
+        return {k: v for k, v in entry.items() if isinstance(v, int) and not isinstance(v, bool)}
     words = line.split()
     if not words or words[0] != prefix:
         return None

@@ -156,6 +156,7 @@ class EdgeCore:
         resend_buffer_frames: int,
         stats: EdgeStats | None = None,
         on_delivered: DeliveryHook | None = None,
+        protect_backpressure: bool = True,
     ) -> None:
         if not device_id:
             raise ValueError("device_id must not be empty")
@@ -171,6 +172,8 @@ class EdgeCore:
         self.max_frames = resend_buffer_frames
         self.stats = stats if stats is not None else EdgeStats()
         self.on_delivered = on_delivered
+        #: Evict only drop_oldest streams' frames from a full buffer (False: any stream's).
+        self.protect_backpressure = protect_backpressure
         self.session_id = ""
         self.welcomed = False
         self.session_paused = False
@@ -229,21 +232,29 @@ class EdgeCore:
         self.buffered_bytes += entry.nbytes
         self.buffered_frames += 1
         self.stats.published += 1
-        # The newest frame always stays: evicting it would make publish a no-op.
-        while (
-            self.buffered_frames > self.max_frames or self.buffered_bytes > self.max_bytes
-        ) and self.buffered_frames > 1:
-            self._evict_oldest()
+        while self.buffered_frames > self.max_frames or self.buffered_bytes > self.max_bytes:
+            if not self._evict_oldest(entry):
+                break  # only protected frames (or the new one) left: over by this frame at most
         return entry.seq
 
-    def _evict_oldest(self) -> None:
-        victim = min(
-            (s for s in self.streams.values() if s.buf),
-            key=lambda s: next(iter(s.buf.values())).order,
-        )
+    def _evict_oldest(self, newest: Entry) -> bool:
+        """Drop the oldest evictable frame. The newest frame always stays (evicting it would
+        make publish a no-op), and backpressure streams' frames stay when protected: a
+        drop_oldest stream must never cost a stream that promises not to drop."""
+        candidates = [
+            s
+            for s in self.streams.values()
+            if s.buf
+            and next(iter(s.buf.values())) is not newest
+            and (not self.protect_backpressure or not s.spec.waits_for_room)
+        ]
+        if not candidates:
+            return False
+        victim = min(candidates, key=lambda s: next(iter(s.buf.values())).order)
         entry = victim.buf.pop(next(iter(victim.buf)))
         self._forget(entry)
         self.stats.dropped += 1
+        return True
 
     def _forget(self, entry: Entry) -> None:
         self.buffered_bytes -= entry.nbytes

@@ -13,6 +13,9 @@ from collections.abc import Callable, Iterator
 
 #: Hard stop, far beyond any useful rung (the extent test below ends real ladders sooner).
 MAX_RUNGS = 160
+#: Decimation passes per frame at most (the first included): bounds the CPU a stream with a tiny
+#: voxel and a small point budget can cost.
+MAX_PASSES = 8
 
 
 def rungs(voxel_size: float) -> Iterator[float]:
@@ -35,18 +38,27 @@ def fit_budget(
     ``extent()`` is the largest |coordinate| of a finite point: once a voxel is wider than
     that, every point sits in one of the (at most 8) voxels around the origin and coarser
     rungs cannot help, so the coarsest result so far is returned even if over budget.
+
+    CPU per frame is bounded: each pass estimates the voxel that would fit, assuming the count
+    falls no faster than ``v**-3`` (a filled volume; surfaces and lines fall slower), and skips
+    the rungs below it, so no rung that would fit is skipped; at most ``MAX_PASSES`` passes run.
     """
     data, count = run(voxel_size)
     if max_points <= 0 or count <= max_points:
         return data, count, voxel_size
     limit = extent()
-    v = voxel_size
-    for v in rungs(voxel_size):
-        if v == voxel_size:
+    v, passes = voxel_size, 1
+    for rung in rungs(voxel_size):
+        if rung <= v:
             continue
-        if not math.isfinite(v):
+        if not math.isfinite(rung):
             break
+        needed = v * (count / max_points) ** (1 / 3)
+        if rung < needed and rung <= limit:
+            continue
+        v = rung
         data, count = run(v)
-        if count <= max_points or v > limit:
+        passes += 1
+        if count <= max_points or v > limit or passes >= MAX_PASSES:
             break
     return data, count, v

@@ -153,8 +153,9 @@ def test_backpressure_streams_wait_drop_oldest_streams_never_do() -> None:
     assert c.must_wait("bp", 10) and not c.must_wait("lossy", 10)
 
 
-def test_a_full_buffer_evicts_the_oldest_frame_across_streams_but_keeps_the_newest() -> None:
-    c = core(StreamSpec("a", kind="telemetry"), StreamSpec("b", kind="telemetry"), nbytes=100)
+def test_open_loop_a_full_buffer_evicts_the_oldest_frame_across_streams_keeps_the_newest() -> None:
+    a, b = StreamSpec("a", kind="telemetry"), StreamSpec("b", kind="telemetry")
+    c = core(a, b, nbytes=100, protect_backpressure=False)
     blob(c, "a", b"1" * 30)
     blob(c, "b", b"2" * 30)
     blob(c, "a", b"3" * 30)  # over 100 bytes with headers: a/1 goes
@@ -163,6 +164,19 @@ def test_a_full_buffer_evicts_the_oldest_frame_across_streams_but_keeps_the_newe
     assert c.buffered_frames == 1 and list(c.streams["b"].buf) == [2]
     assert c.stats.dropped == 3 and not c.has_room(1)
     assert core(nbytes=100).has_room(10**9)  # an empty buffer takes any frame
+
+
+def test_a_drop_oldest_stream_never_evicts_a_backpressure_streams_frames() -> None:
+    bp = StreamSpec("bp", kind="telemetry", overflow="backpressure")
+    lossy = StreamSpec("lossy", kind="telemetry", overflow="drop_oldest")
+    c = core(bp, lossy, frames=2)
+    blob(c, "bp")
+    blob(c, "bp")
+    blob(c, "lossy")  # over the bound by this one frame: nothing else may go
+    assert c.buffered_frames == 3 and c.stats.dropped == 0
+    blob(c, "lossy")  # the older lossy frame goes, the backpressure ones stay
+    assert list(c.streams["bp"].buf) == [1, 2] and list(c.streams["lossy"].buf) == [2]
+    assert c.stats.dropped == 1
 
 
 def test_rejections_forget_the_frame_for_good() -> None:

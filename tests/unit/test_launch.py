@@ -31,6 +31,18 @@ def test_parse_ready() -> None:
     assert parse_ready("RELAY_READY port=9", "RELAY_READY") == {"port": 9}
     assert parse_ready("SIMBRIDGE_READYX ws=1") is None
     assert parse_ready("") is None
+    json_line = '{"ts": "t", "msg": "SIMBRIDGE_READY", "ws": 1, "grpc": 2, "http": 3}'
+    assert parse_ready(json_line) == {"ws": 1, "grpc": 2, "http": 3}
+    assert parse_ready('{"msg": "something else", "ws": 1}') is None
+    assert parse_ready("{not json") is None
+
+
+async def test_serve_with_json_logs_is_ready_too() -> None:
+    child = await ChildProcess.start(
+        serve_command("--no-adapt", "--log-format", "json"), timeout=60
+    )
+    assert set(child.ports) == {"ws", "grpc", "http"}
+    assert await child.stop() == 0
 
 
 async def test_serve_starts_reports_ports_and_drains_on_stop() -> None:
