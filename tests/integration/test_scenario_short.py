@@ -98,7 +98,7 @@ def test_memory_decrease_below_usage_is_held_and_planned_for_first(
     assert x["resolved"] and x["written_s"] is not None, x["notes"]
     assert x["planned_s"] <= x["written_s"] + 0.05  # planned for before (or as) it was enacted
     assert x["time_to_adapt_ms"] is not None
-    assert x["plan"]["ring_budget_bytes"] == 0  # limit - baseline - headroom < 0: floor only
+    assert x["plan"]["memory_limit_bytes"] == x["memory_bytes"]  # planned for the new limit
 
 
 def test_restart_baseline_disconnects_every_edge_each_time(
