@@ -117,12 +117,15 @@ def test_capacity_hands_the_planned_batch_size_to_the_batcher() -> None:
     from typing import Any
 
     from bridge.capacity import Capacity
+    from bridge.governor import Governor
 
     batcher = GpuBatcher(RecordingGpu(), get_decimator("numpy"), batch_points=5)
     dummy: Any = SimpleNamespace()
+    core: Any = SimpleNamespace(governor=Governor(64 << 20, 16 << 20))  # the kept kernel scratch
+    pool: Any = SimpleNamespace(size=1)
     cap = Capacity(
-        dummy,
-        dummy,
+        core,
+        pool,
         dummy,
         dummy,
         decimator=batcher,
