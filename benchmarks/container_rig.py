@@ -44,11 +44,13 @@ from benchmarks.container_probe import (
     process_rss,
     round_up,
 )
+from bridge.resources.from_settings import memory_headroom_bytes as governor_headroom
 from loadgen.kubesim_podman import ContainerCgroup, Podman, PodmanError
 
 MiB = 1 << 20
 LABEL = "simbridge-e2e"
 SAMPLE_S = 0.1
+MIN_BUDGET = 16 * MiB  # the least data budget a "working-set" step leaves the governor
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -383,6 +385,11 @@ class ContainerRig:
             next_t += SAMPLE_S
             await asyncio.sleep(max(0.0, next_t - time.monotonic()))
 
+    def baseline_rss(self) -> int:
+        """The bridge's resident set when it came up, as the governor measures its baseline
+        (``/proc/self/statm``: VmRSS, shared file pages included): the first nonzero sample."""
+        return next((s.vmrss for s in self.samples if s.vmrss > 0), 0)
+
     def working_set(self, window_s: float = 3.0) -> int:
         """Peak of RSS and cgroup usage over the last ``window_s`` seconds."""
         now = self.now()
@@ -395,7 +402,14 @@ class ContainerRig:
         cpu = step.cpu if step.cpu is not None else self._cur_cpu
         mem: int
         if step.memory == "working-set":
-            mem = round_up(self.working_set() + self.cfg.ws_margin, 4 * MiB)
+            # Just above the working set, but never below what the memory governor needs for a
+            # data budget at all (startup baseline + its fixed headroom + a small budget): below
+            # that the bridge rightly admits nothing and the step would only measure a stall.
+            governor_floor = self.baseline_rss() + governor_headroom(self.cfg.max_frame_bytes)
+            mem = round_up(
+                max(self.working_set() + self.cfg.ws_margin, governor_floor + MIN_BUDGET),
+                4 * MiB,
+            )
         elif isinstance(step.memory, int):
             mem = step.memory
         else:
