@@ -708,6 +708,8 @@ async def test_load_generator_client_is_open_loop_and_samples_latency(env: Env) 
     c = LoadEdgeClient(transport, target, "load", [StreamSpec("a", kind="telemetry")])
     env.clients.append(c)
     await c.start()
+    # The PAUSE follows the Welcome: publish only once the client has read it (no race).
+    assert await c.wait_for(lambda: c.core.paused("a"), 5.0)
     for i in range(3):  # paused: buffered at once, never waits (open loop)
         await asyncio.wait_for(c.publish("a", {"i": float(i)}), 1.0)
     assert c.core.buffered_frames == 3 and env.fake.frames == []
