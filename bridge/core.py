@@ -301,6 +301,16 @@ class BridgeCore:
         stream = session.streams.get(frame.stream_id)
         return stream is not None and stream.ring.fits(size)
 
+    def resume_ready(self, session: Session, stream_id: str, size: int) -> bool:
+        """Whether a paused stream has drained to its low watermark: half its ring free (at
+        least one more frame of ``size``). Why not "one frame fits": resuming then pauses again
+        after the next frame, a PAUSE/RESUME pair per frame that keeps the edge stop-and-go."""
+        stream = session.streams.get(stream_id)
+        if stream is None:
+            return True
+        ring = stream.ring
+        return ring.free_bytes >= max(size, ring.capacity_bytes // 2)
+
     # -- processing -------------------------------------------------------------------------
     def take_work(self) -> WorkItem | None:
         """Next frame to process, round robin over streams with pending frames."""

@@ -336,6 +336,15 @@ class EdgeConnection:
             if self._edges.draining:
                 return
         if paused:
+            # Hysteresis: RESUME only once the ring drained to its low watermark.
+            while not core.resume_ready(self.session, frame.stream_id, size):
+                space = self._edges.space_event((self.session.device_id, frame.stream_id))
+                space.clear()
+                if core.resume_ready(self.session, frame.stream_id, size):
+                    break
+                await space.wait()
+                if self._edges.draining:
+                    return
             await self.send(
                 pb.BridgeMessage(
                     flow_control=pb.FlowControl(
