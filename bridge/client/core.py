@@ -254,16 +254,17 @@ class EdgeCore:
         while (
             self.buffered_frames > self.max_frames or self.buffered_bytes > self.max_bytes
         ) and self.buffered_frames > 1:
-            self._evict_oldest()
+            self._evict_oldest(keep=entry)
         return entry.seq
 
-    def _evict_oldest(self) -> None:
-        """Evict the oldest frame never sent, else the oldest one: a frame already sent may be
-        in the bridge's hands (and delivered), so dropping it would be counted wrongly."""
+    def _evict_oldest(self, keep: Entry) -> None:
+        """Evict the oldest frame never sent, else the oldest one, never ``keep`` (the newest).
+        Why unsent first: a frame already sent may be in the bridge's hands and get delivered;
+        dropping it would count it twice (dropped and delivered) and lose its resend."""
         victim: Entry | None = None
         for s in self.streams.values():
             for e in s.buf.values():
-                if e.transmissions == 0:
+                if e.transmissions == 0 and e is not keep:
                     if victim is None or e.order < victim.order:
                         victim = e
                     break
