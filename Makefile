@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
-.PHONY: run test lint proto chart-docs venv sysdeps bench-relay bench-decimate bench-adapt bench-view test-sanitize fuzz clean
+.PHONY: run test lint proto chart-docs venv sysdeps bench-relay bench-overload bench-decimate bench-adapt bench-view test-sanitize fuzz clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,10 @@ fuzz: venv
 
 bench-relay: venv
 	$(PY) -m benchmarks.relay
+
+# 0.5x to 4x the bridge's measured capacity, both transports (a few minutes).
+bench-overload: venv
+	$(PY) -m benchmarks.overload
 
 bench-decimate: venv
 	$(VENV)/bin/simbridge bench decimate
