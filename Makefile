@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
-.PHONY: run test lint proto chart-docs venv sysdeps bench-relay bench-overload bench-decimate bench-adapt bench-view test-sanitize fuzz clean
+.PHONY: run test lint proto chart-docs venv sysdeps bench-relay bench-overload bench-capacity bench-decimate bench-adapt bench-view test-sanitize fuzz clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,10 @@ bench-relay: venv
 # 0.5x to 4x the bridge's measured capacity, both transports (a few minutes).
 bench-overload: venv
 	$(PY) -m benchmarks.overload
+
+# Max sustainable clouds/s at 0.5/1/1.5/2 cores (real cgroup v1 CPU throttle: needs root).
+bench-capacity: venv
+	$(PY) -m benchmarks.capacity
 
 bench-decimate: venv
 	$(VENV)/bin/simbridge bench decimate

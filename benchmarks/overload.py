@@ -28,6 +28,9 @@ from loadgen.sink import SinkServer
 POINTS = 100_000
 VOXEL = 0.2
 MiB = 1024 * 1024
+#: Per edge; above what the bridge holds per connection (ring, WebSocket queue), so what the
+#: edges drop are frames never sent.
+RESEND_FRAMES = 24
 
 
 async def _metric(port: int, name: str) -> float:
@@ -77,6 +80,7 @@ async def run_cell(
     url: str,
     http_port: int,
     cpu: CpuSampler,
+    sink: SinkServer,
     *,
     offered: float,
     edges: int,
@@ -88,6 +92,7 @@ async def run_cell(
         n: await _metric(http_port, n)
         for n in ("bridge_backpressure_pauses_total", "bridge_frames_dropped_total")
     }
+    lost_before = sink.record.totals()["lost"]
     rep = await publish_procs(
         procs,
         transport=transport,
@@ -98,7 +103,7 @@ async def run_cell(
         points=POINTS,
         voxel_size=VOXEL,
         device_prefix=f"{transport}-{label}",
-        resend_buffer_frames=16,
+        resend_buffer_frames=RESEND_FRAMES,
         drain_timeout_s=30.0,
     )
     start, end = rep["window_ns"]
@@ -113,8 +118,9 @@ async def run_cell(
         "stall_s": rep["longest_stall_ms"] / 1e3,
         "edge_drops": rep["dropped_resend_overflow"],
         "sent": rep["sent"],
-        "bridge_loss": rep["acked_accepted"]
-        - rep["acked_delivered"]
+        # Inside the bridge: frames the sink never got and no gap announced, plus ring evictions.
+        "bridge_loss": sink.record.totals()["lost"]
+        - lost_before
         + int(after["bridge_frames_dropped_total"] - before["bridge_frames_dropped_total"]),
         "undelivered": rep["undelivered"],
         "pauses": int(
@@ -159,7 +165,7 @@ async def main(args: argparse.Namespace) -> int:
                 print(
                     f"# {POINTS // 1000}k-point clouds, voxel {VOXEL} m, {args.edges} edges over "
                     f"{args.procs} generator processes, {args.seconds:g} s per cell, ring "
-                    f"{args.ring_mib} MiB, edge resend buffer 16 frames",
+                    f"{args.ring_mib} MiB, edge resend buffer {RESEND_FRAMES} frames",
                     flush=True,
                 )
                 print(HEADER, flush=True)
@@ -172,18 +178,18 @@ async def main(args: argparse.Namespace) -> int:
                     common = dict(edges=args.edges, procs=args.procs, seconds=args.seconds)
                     # Warm-up (connections, allocator, caches), not reported.
                     await run_cell(
-                        transport, url, child.port("http"), cpu,
+                        transport, url, child.port("http"), cpu, sink,
                         offered=args.saturate, label="warm", **common,
                     )  # fmt: skip
                     sat = await run_cell(
-                        transport, url, child.port("http"), cpu,
+                        transport, url, child.port("http"), cpu, sink,
                         offered=args.saturate, label="cap", **common,
                     )  # fmt: skip
                     capacity = max(1.0, sat["delivered_per_s"])
                     print(fmt(transport, "sat", sat, capacity), flush=True)
                     for k in args.loads:
                         row = await run_cell(
-                            transport, url, child.port("http"), cpu,
+                            transport, url, child.port("http"), cpu, sink,
                             offered=k * capacity, label=f"x{k:g}", **common,
                         )  # fmt: skip
                         print(fmt(transport, f"{k:g}x", row, capacity), flush=True)
