@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -25,14 +26,16 @@ from bridge.decimate import get_decimator
 from bridge.decimate.cuda import use_library as use_cuda_library
 from bridge.errors import StartupError
 from bridge.events import CoreEvents
+from bridge.governor import Governor
 from bridge.grpc_impl import build_server, set_health
 from bridge.http_impl import OpsHttpServer
 from bridge.ingest import EdgeRegistry, IngestConfig
 from bridge.looplag import LoopLagMonitor
-from bridge.memtrim import release_free_heap
+from bridge.memtrim import heap_slack_exceeded, release_free_heap
 from bridge.metrics import BridgeMetrics
 from bridge.processing import Processor
 from bridge.push_impl import SinkPusher
+from bridge.resources.from_settings import RESERVE_FRACTION, MiB
 from bridge.ring import Policy
 from bridge.settings import Settings
 from bridge.subscribers import SubscriberSet
@@ -70,6 +73,11 @@ class BridgeService:
             max_telemetry_entries=settings.max_telemetry_entries,
         )
         self.events = CoreEvents(self.metrics)
+        # Until the adapter plans from the memory limit (or without it): the configured budget.
+        self.governor = Governor(
+            settings.ring_budget_bytes, math.floor(RESERVE_FRACTION * settings.ring_budget_bytes)
+        )
+        self.metrics.watch_governor(self.governor)
         self.core = BridgeCore(
             CoreConfig(
                 limits=self.limits,
@@ -77,13 +85,12 @@ class BridgeService:
                 default_voxel_size=settings.voxel_size,
                 default_policy=Policy(settings.overflow_policy),
                 default_passthrough=settings.passthrough,
-                ring_budget_bytes=settings.ring_budget_bytes,
-                ring_floor_bytes=settings.ring_floor_bytes,
             ),
             self.events,
+            self.governor,
         )
         self.core.auto_ack = not settings.sink_address
-        self.subscribers = SubscriberSet(self.core.egress)
+        self.subscribers = SubscriberSet(self.core.egress, self.governor)
         self.edges = EdgeRegistry(
             self.core, IngestConfig.from_settings(settings, self.limits), self.metrics
         )
@@ -103,6 +110,8 @@ class BridgeService:
         self._health: Any = None
         self._http: OpsHttpServer | None = None
         self._baseline_rss = _rss_bytes()
+        self._last_trim = 0.0
+        self._trim_slack = max(32 * MiB, 2 * settings.max_frame_bytes)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> BoundPorts:
@@ -129,6 +138,7 @@ class BridgeService:
             decimator,
             depth=settings.worker_depth,
             on_done=self._on_processed,
+            governor=self.governor,
         )
         self.events.work = self.processor.notify
         self.capacity = Capacity(
@@ -142,9 +152,10 @@ class BridgeService:
             baseline_rss=self._baseline_rss,
         )
         self.metrics.workers.set(self.pool.size)
-        self.metrics.ring_capacity.set(self.core.ring_capacity_per_stream)
+        # Read at scrape time: the per-stream share changes with every stream added or gone.
+        self.metrics.ring_capacity.set_function(lambda: self.core.ring_capacity_per_stream)
         self._grpc_server, self._health = build_server(
-            settings, self.edges, self.subscribers, self.metrics
+            settings, self.edges, self.subscribers, self.metrics, self.governor
         )
         grpc_address = f"{settings.host}:{settings.grpc_port}"
         credentials = grpc_server_credentials(settings)
@@ -160,7 +171,9 @@ class BridgeService:
             raise StartupError(f"cannot listen on {grpc_address} (gRPC)")
         await self._grpc_server.start()
         try:
-            self._ws_server = await start_ws_server(self.edges, settings, self.metrics)
+            self._ws_server = await start_ws_server(
+                self.edges, settings, self.metrics, self.governor
+            )
         except OSError as exc:
             raise StartupError(
                 f"cannot listen on {settings.host}:{settings.ws_port} (WebSocket): {exc.strerror}"
@@ -184,7 +197,7 @@ class BridgeService:
         self._spawn(LoopLagMonitor(self.metrics.loop_lag).run(), "loop-lag")
         self.ports = BoundPorts(ws=ws_port, grpc=grpc_port, http=http_port)
         if settings.sink_address:
-            self.pusher = SinkPusher(self.core, settings, self.metrics)
+            self.pusher = SinkPusher(self.core, settings, self.metrics, self.governor)
             self.events.committed = self.pusher.wake
             self._spawn(self.pusher.run(), "sink-pusher")
         self._spawn(self._housekeeping(), "housekeeping")
@@ -218,6 +231,12 @@ class BridgeService:
             "workers": self.pool.size,
             "ring_capacity_per_stream_bytes": self.core.ring_capacity_per_stream,
             "ring_occupancy_bytes": self.core.buffered_bytes,
+            "memory": {
+                **self.governor.describe(),
+                "resident_bytes": _rss_bytes(),
+                "baseline_bytes": self._baseline_rss,
+                "max_frame_bytes_now": self.core.limits_now().max_frame_bytes,
+            },
             "streams": len(self.core.streams),
             "decimate_backend": self.processor.decimator.name
             if self.processor and self.processor.decimator
@@ -258,12 +277,19 @@ class BridgeService:
             self.metrics.ring_occupancy.set(self.core.buffered_bytes)
             self.metrics.ring_frames.set(self.core.buffered_frames)
             capacity = self.capacity
-            if capacity is not None and capacity.trim_pending and capacity.rings_within_capacity():
+            if capacity is not None and capacity.trim_pending and capacity.within_budget():
                 # The shrink has drained: hand the freed heap back so memory.current falls and
                 # the kubelet's check for a pending memory decrease passes.
                 capacity.trim_pending = False
                 released = await asyncio.to_thread(release_free_heap)
-                log.info("ring shrink drained; free heap %s", "released" if released else "kept")
+                self._last_trim = time.monotonic()
+                log.info("memory shrink drained; free heap %s", "released" if released else "kept")
+            elif time.monotonic() - self._last_trim >= 1.0 and heap_slack_exceeded(
+                _rss_bytes(), self._baseline_rss, self.governor.total_bytes, self._trim_slack
+            ):
+                # Frames were freed but their pages stay in the heap: give them back.
+                self._last_trim = time.monotonic()
+                await asyncio.to_thread(release_free_heap)
             await asyncio.sleep(0.25)
 
     def request_stop(self) -> None:

@@ -45,11 +45,15 @@ class Capacity:
         self._metrics.workers.set(workers)
         self._processor.notify()
 
-    def set_ring_budget(self, total_bytes: int, per_stream_floor: int) -> None:
-        before = self._core.ring_capacity_per_stream
-        self._core.set_ring_budget(total_bytes, per_stream_floor)
+    def set_memory_budget(self, budget_bytes: int, reserve_bytes: int) -> None:
+        """The plan changed the data budget: it applies at once. After a fall, admission waits
+        (connections stop being read, edges get PAUSE) until what is held drains under it; then
+        the freed heap is returned (the owner's housekeeping, see ``trim_pending``)."""
+        governor = self._core.governor
+        before = governor.budget_bytes
+        self._core.set_memory_budget(budget_bytes, reserve_bytes)
         self._metrics.ring_capacity.set(self._core.ring_capacity_per_stream)
-        if self._core.ring_capacity_per_stream < before:
+        if budget_bytes < before:
             self.trim_pending = True
 
     def set_gpu_healthy(self, healthy: bool) -> None:
@@ -71,7 +75,7 @@ class Capacity:
     def memory_baseline_bytes(self) -> int:
         return self._baseline_rss
 
-    def rings_within_capacity(self) -> bool:
-        return all(
-            s.ring.occupancy_bytes <= s.ring.capacity_bytes for s in self._core.streams.values()
-        )
+    def within_budget(self) -> bool:
+        """What is held fits the current budget again (a shrink has drained)."""
+        gov = self._core.governor
+        return gov.admitted_bytes <= gov.admission_limit and gov.total_bytes <= gov.budget_bytes

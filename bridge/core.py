@@ -11,6 +11,7 @@ import enum
 import math
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -18,6 +19,7 @@ from bridge import codec
 from bridge.cloud import CloudLayout
 from bridge.egress import EgressLog, Outgoing
 from bridge.errors import (
+    FrameNeverFits,
     InvalidLayout,
     ProtocolViolation,
     SeqRegression,
@@ -26,6 +28,7 @@ from bridge.errors import (
     TooManyStreams,
     UnknownStream,
 )
+from bridge.governor import Charge, Component, Governor
 from bridge.ring import AdmitResult, Entry, Gap, Policy, StreamRing
 from bridge.session import (
     KIND_POINT_CLOUD,
@@ -65,9 +68,13 @@ class CoreConfig:
     default_voxel_size: float
     default_policy: Policy
     default_passthrough: bool
-    ring_budget_bytes: int
-    ring_floor_bytes: int
     max_known_watermarks: int = 100_000
+    session_bytes: int = 24 * 1024  # see SESSION_BYTES
+    stream_bytes: int = 1024
+
+
+# SESSION_BYTES: what one session costs (its connection's buffers and objects, measured ~25 KiB
+# per idle WebSocket session, see the README's memory model), charged while the session is known.
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,16 +106,16 @@ _POLICIES = {
 
 
 class BridgeCore:
-    def __init__(self, config: CoreConfig, listener: Listener) -> None:
+    def __init__(self, config: CoreConfig, listener: Listener, governor: Governor) -> None:
         self.config = config
         self.listener = listener
+        self.governor = governor
         self.sessions: dict[str, Session] = {}
         self.by_device: dict[str, Session] = {}
         self.streams: dict[StreamKey, Stream] = {}
         self.egress = EgressLog()
         self.auto_ack = False  # no sink configured: delivered once offered to subscribers
-        self._ring_budget = config.ring_budget_bytes
-        self._ring_floor = max(config.ring_floor_bytes, config.limits.max_frame_bytes)
+        self._state_charges: dict[str, Charge] = {}  # session id -> its state's charge
         self._work_queue: deque[Stream] = deque()  # streams with PENDING entries, round robin
         self._queued: set[StreamKey] = set()
         self._watermarks: dict[StreamKey, int] = {}
@@ -118,8 +125,13 @@ class BridgeCore:
     def attached_sessions(self) -> int:
         return sum(1 for s in self.sessions.values() if s.attached)
 
-    def hello(self, hello: pb.Hello, connection: object) -> Attached:
-        """Attach a connection to a new or resumed session (see :class:`Attached`)."""
+    def hello(
+        self, hello: pb.Hello, connection: object, *, identity_proven: bool = False
+    ) -> Attached:
+        """Attach a connection to a new or resumed session (see :class:`Attached`).
+
+        A live session is taken over only with its resume token, or when the transport proved
+        the device's identity (``identity_proven``: a per-device credential)."""
         if not hello.device_id:
             raise ProtocolViolation("Hello without a device_id")
         session = self.sessions.get(hello.resume_token) if hello.resume_token else None
@@ -127,7 +139,7 @@ class BridgeCore:
             raise ProtocolViolation("resume token belongs to another device")
         if session is None:
             session = self.by_device.get(hello.device_id)
-            if session is not None and session.attached:
+            if session is not None and session.attached and not identity_proven:
                 # Only the holder of the session's resume token may take over a live session
                 # (a device id alone is no credential: subscribers see every device id).
                 raise SessionTaken(
@@ -154,23 +166,37 @@ class BridgeCore:
         current = self.by_device.get(hello.device_id)
         prior = current.connection if current is not None and current.attached else None
         superseded = prior if prior is not None and prior is not connection else None
+        if not resumed:  # checked last: nothing can fail once the charge is taken
+            state = self.governor.try_charge(
+                Component.SESSIONS,
+                self.config.session_bytes + self.config.stream_bytes * len(configs),
+            )
+            if state is None:
+                raise TooManySessions(
+                    f"no memory for another session (budget {self.governor.budget_bytes} bytes)"
+                )
+            self._state_charges[session.session_id] = state
         self.sessions[session.session_id] = session
         self.by_device[session.device_id] = session
         for stream_id, cfg in configs.items():
             key = (session.device_id, stream_id)
             baseline = max(resume.get(stream_id, 0), self._watermarks.pop(key, 0))
-            stream = Stream(key, cfg, StreamRing(self._ring_floor, cfg.policy))
+            stream = Stream(key, cfg, StreamRing(self.ring_capacity_per_stream, cfg.policy))
             stream.accepted_seq = stream.delivered_seq = baseline
             session.streams[stream_id] = stream
             self.streams[key] = stream
         if configs:
+            state = self._state_charges[session.session_id]
+            state.resize(
+                self.config.session_bytes + self.config.stream_bytes * len(session.streams)
+            )
             self._rebalance_rings()
         session.attached = True
         session.connection = connection
         session.reset_connection_state()
         welcome = pb.Welcome(
             session_id=session.session_id,
-            limits=self.config.limits.to_proto(),
+            limits=self.limits_now(),
             resumed=resumed,
             streams=[
                 pb.StreamState(
@@ -182,6 +208,17 @@ class BridgeCore:
             ],
         )
         return Attached(session, welcome, superseded)
+
+    def limits_now(self) -> pb.ServerLimits:
+        """The limits an edge must respect now: ``max_frame_bytes`` follows the memory plan (the
+        largest frame the governor could ever grant at the current budget)."""
+        limits = self.config.limits.to_proto()
+        limits.max_frame_bytes = min(limits.max_frame_bytes, self.max_admissible_frame_bytes)
+        return limits
+
+    @property
+    def max_admissible_frame_bytes(self) -> int:
+        return max(0, self.governor.admission_limit)
 
     def _make_room_for_a_session(self) -> None:
         """Detached sessions are kept for resume, but never more than ``max_sessions`` of them:
@@ -203,6 +240,10 @@ class BridgeCore:
                 del self.by_device[session.device_id]
             for stream in session.streams.values():
                 self.streams.pop(stream.key, None)
+                stream.ring.release_all()
+            charge = self._state_charges.pop(session.session_id, None)
+            if charge is not None:
+                charge.release()
         if sessions:
             self._rebalance_rings()
 
@@ -246,11 +287,28 @@ class BridgeCore:
         return gone
 
     # -- ingest -----------------------------------------------------------------------------
-    def offer(self, session: Session, frame: pb.Frame, size: int, now_ns: int) -> Offer:
-        """Admit one frame of ``size`` wire bytes, or say why not (errors are raised)."""
+    def offer(
+        self,
+        session: Session,
+        frame: pb.Frame,
+        size: int,
+        now_ns: int,
+        charge: Charge | None = None,
+    ) -> Offer:
+        """Admit one frame of ``size`` wire bytes, or say why not (errors are raised).
+
+        ``charge`` holds the frame's bytes in the governor (granted at receive); when the frame
+        is ACCEPTED the ring takes it over, otherwise the caller still owns it. Without one (unit
+        tests, tools) the ring charges the frame itself.
+        """
         stream = session.streams.get(frame.stream_id)
         if stream is None:
             raise UnknownStream(f"stream {frame.stream_id!r} was not declared in Hello")
+        if self.governor.never_fits(size):
+            raise FrameNeverFits(
+                f"stream {frame.stream_id!r}: a frame of {size} bytes can never fit the memory "
+                f"budget now (max_frame_bytes is {self.max_admissible_frame_bytes})"
+            )
         if frame.seq == 0:
             raise SeqRegression("seq starts at 1")
         if frame.seq <= stream.conn_last_seq:
@@ -266,13 +324,17 @@ class BridgeCore:
         if frame.seq > stream.accepted_seq + 1:
             missing = frame.seq - stream.accepted_seq - 1
             gap = Gap(stream.accepted_seq + 1, frame.seq - 1, missing, "upstream")
+        own = charge if charge is not None else self.governor.force(Component.RING, size)
         result, evicted = stream.ring.admit(
-            frame.seq, size, (frame, layout, points), ingest_ns=now_ns, gap=gap
+            frame.seq, size, (frame, layout, points), ingest_ns=now_ns, gap=gap, charge=own
         )
         if evicted:
             self.listener.on_evicted(stream, len(evicted))
         if result is AdmitResult.FULL:
+            if charge is None:
+                own.release()
             return Offer.FULL
+        own.move(Component.RING)
         if gap is not None:
             stream.upstream_gap_frames += gap.count
         stream.conn_last_seq = frame.seq
@@ -297,10 +359,6 @@ class BridgeCore:
             raise InvalidLayout(f"stream {stream.stream_id!r} expects telemetry frames")
         return None, 0
 
-    def fits(self, session: Session, frame: pb.Frame, size: int) -> bool:
-        stream = session.streams.get(frame.stream_id)
-        return stream is not None and stream.ring.fits(size)
-
     def resume_ready(self, session: Session, stream_id: str, size: int) -> bool:
         """Whether a paused stream has drained to its low watermark: half its ring free (at
         least one more frame of ``size``). Why not "one frame fits": resuming then pauses again
@@ -312,10 +370,14 @@ class BridgeCore:
         return ring.free_bytes >= max(size, ring.capacity_bytes // 2)
 
     # -- processing -------------------------------------------------------------------------
-    def take_work(self) -> WorkItem | None:
-        """Next frame to process, round robin over streams with pending frames."""
-        while self._work_queue:
+    def take_work(self, accept: Callable[[Stream], bool] | None = None) -> WorkItem | None:
+        """Next frame to process, round robin over streams with pending frames (only streams
+        ``accept`` admits, when given: e.g. the cheap ones while every worker is busy)."""
+        for _ in range(len(self._work_queue)):
             stream = self._work_queue.popleft()
+            if accept is not None and not accept(stream):
+                self._work_queue.append(stream)
+                continue
             entry = stream.ring.take_pending()
             if entry is None:
                 self._queued.discard(stream.key)
@@ -430,15 +492,35 @@ class BridgeCore:
         return pb.Ack(streams=acks) if acks else None
 
     # -- capacity ---------------------------------------------------------------------------
-    def set_ring_budget(self, total_bytes: int, floor_bytes: int) -> None:
-        """Split ``total_bytes`` fairly over the streams, never below ``floor_bytes`` each."""
-        self._ring_budget = total_bytes
-        self._ring_floor = max(floor_bytes, self.config.limits.max_frame_bytes)
+    def set_memory_budget(self, budget_bytes: int, reserve_bytes: int) -> None:
+        """Follow a new memory plan: the governor's budget changes at once and the rings'
+        fair shares with it (held frames drain; nothing is admitted above the new limit)."""
+        self.governor.set_budget(budget_bytes, reserve_bytes)
         self._rebalance_rings()
 
+    def reclaim_for_waiters(self) -> int:
+        """Receive grants are waiting: make room for them from ``drop_oldest`` streams."""
+        return self.reclaim(max(1, self.governor.waiting_bytes))
+
+    def reclaim(self, nbytes: int) -> int:
+        """Admission is waiting for ``nbytes``: evict from ``drop_oldest`` streams (they chose
+        to lose old frames rather than stall), fullest first. Returns the bytes freed."""
+        freed = 0
+        droppable = [s for s in self.streams.values() if s.config.policy is Policy.DROP_OLDEST]
+        for stream in sorted(droppable, key=lambda s: s.ring.occupancy_bytes, reverse=True):
+            if freed >= nbytes:
+                break
+            before = stream.ring.occupancy_bytes
+            evicted = stream.ring.evict_bytes(nbytes - freed)
+            if evicted:
+                freed += before - stream.ring.occupancy_bytes
+                self.listener.on_evicted(stream, len(evicted))
+        if freed:
+            self.egress.trim_removed()
+        return freed
+
     def _rebalance_rings(self) -> None:
-        n = max(1, len(self.streams))
-        per_stream = max(self._ring_floor, self._ring_budget // n)
+        per_stream = self.ring_capacity_per_stream
         for stream in self.streams.values():
             before = stream.ring.capacity_bytes
             evicted = stream.ring.resize(per_stream)
@@ -450,7 +532,8 @@ class BridgeCore:
 
     @property
     def ring_capacity_per_stream(self) -> int:
-        return max(self._ring_floor, self._ring_budget // max(1, len(self.streams)))
+        """Each stream's fair share of the admission limit; no floor."""
+        return self.governor.fair_share(len(self.streams))
 
     @property
     def buffered_frames(self) -> int:

@@ -106,6 +106,18 @@ def frame_bytes(entry: Entry, extra_gap: Gap | None = None) -> bytes:
     Protobuf merges concatenated messages (scalars: last wins), so the per-send fields are a
     small serialized trailer appended to the core serialized once by the worker.
     """
+    trailer = gap_trailer(entry, extra_gap)
+    core = entry.item
+    if isinstance(core, tuple):
+        return b"".join((*core, trailer))
+    assert isinstance(core, bytes)
+    return core + trailer
+
+
+def gap_trailer(entry: Entry, extra_gap: Gap | None = None) -> bytes:
+    """The serialized ``bridge_seq`` and gap (the entry's, merged with ``extra_gap``). Appended
+    after :func:`frame_bytes` it overrides the gap there: every gap field is set (seqs start at
+    1, counts are positive), and a repeated sub-message merges field by field, last wins."""
     gap = entry.gap
     if extra_gap is not None:
         gap = extra_gap if gap is None else gap.merge(extra_gap)
@@ -116,8 +128,4 @@ def frame_bytes(entry: Entry, extra_gap: Gap | None = None) -> bytes:
                 first_seq=gap.first_seq, last_seq=gap.last_seq, count=gap.count, reason=gap.reason
             )
         )
-    core = entry.item
-    if isinstance(core, tuple):
-        return b"".join((*core, trailer.SerializeToString()))
-    assert isinstance(core, bytes)
-    return core + trailer.SerializeToString()
+    return trailer.SerializeToString()

@@ -9,6 +9,7 @@ and the metrics read the same row, so a WebSocket edge and a gRPC edge are told 
     │   ├── InvalidLayout     PointCloud layout is wrong
     │   ├── TooManyPoints     more points than allowed
     │   ├── FrameTooLarge     message above the max size
+    │   │   └── FrameNeverFits  above what the memory budget can ever grant now (not fatal)
     │   ├── SeqRegression     seq going backwards
     │   ├── TooManyStreams    streams per session > limit
     │   ├── TooManySessions   sessions > limit
@@ -53,6 +54,7 @@ WIRE: dict[str, WireError] = {
     "invalid_layout": WireError(pb.INVALID_LAYOUT, _POLICY, "INVALID_ARGUMENT", False),
     "too_many_points": WireError(pb.TOO_MANY_POINTS, _POLICY, "RESOURCE_EXHAUSTED", False),
     "too_large": WireError(pb.TOO_LARGE, _TOO_BIG, "RESOURCE_EXHAUSTED", True),
+    "over_budget": WireError(pb.TOO_LARGE, _TOO_BIG, "RESOURCE_EXHAUSTED", False),
     "seq_regression": WireError(pb.SEQ_REGRESSION, _POLICY, "INVALID_ARGUMENT", False),
     "too_many_streams": WireError(pb.TOO_MANY_STREAMS, _POLICY, "RESOURCE_EXHAUSTED", True),
     "too_many_sessions": WireError(pb.TOO_MANY_SESSIONS, _POLICY, "RESOURCE_EXHAUSTED", True),
@@ -110,6 +112,13 @@ class TooManyPoints(ProtocolError, ValueError):
 
 class FrameTooLarge(ProtocolError):
     reason = "too_large"
+
+
+class FrameNeverFits(FrameTooLarge):
+    """Within ``max_frame_bytes`` as configured, but above what the memory budget can ever
+    grant now (the limit fell): the frame is refused with an Error, the connection stays."""
+
+    reason = "over_budget"
 
 
 class SeqRegression(ProtocolError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -19,9 +19,10 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from bridge.errors import ProtocolError
+from bridge.errors import FrameTooLarge, ProtocolError
+from bridge.governor import Charge, Component, Governor
 from bridge.metrics import BridgeMetrics
-from bridge.ports import Edges, Subscriptions
+from bridge.ports import Edges, Received, Subscriptions
 from bridge.settings import Settings
 from bridge.subscribers import Subscriber
 from bridge.v1 import bridge_pb2 as pb
@@ -32,20 +33,83 @@ SERVICE_INGEST = "bridge.v1.Ingest"
 SERVICE_VISUALIZATION = "bridge.v1.Visualization"
 
 
+_FIRST_GRANT = 64 * 1024  # before the first message: what a Hello may take
+
+
 class GrpcTransport:
+    """Pulls the next message only after the governor granted its expected size.
+
+    gRPC gives no message size before the message is read, so the grant is sized by the
+    previous message and corrected once the real size is known: a message larger than its
+    grant is charged in full (forced, counted as overdraft when over budget) and the next read
+    waits for a grant of that size. Beyond grants, a call holds at most one HTTP/2 stream
+    window (BDP probing is off) until we read.
+    """
+
     name = "grpc"
 
-    def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any], governor: Governor) -> None:
         self.context = context
+        self.governor = governor
+        self.expected = _FIRST_GRANT
+        self.first = True
+        self._notify: Callable[[bool], None] | None = None
 
-    async def recv(self) -> bytes | None:
+    def on_wait(self, notify: Callable[[bool], None]) -> None:
+        self._notify = notify
+
+    async def _grant(self, nbytes: int) -> Charge:
+        nbytes = min(nbytes, max(1, self.governor.admission_limit))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Charge | None] = loop.create_future()
+
+        def granted(charge: Charge | None) -> None:
+            if future.cancelled():
+                if charge is not None:
+                    charge.release()
+            else:
+                future.set_result(charge)
+
+        got = self.governor.request(Component.TRANSPORT, nbytes, granted)
+        if isinstance(got, Charge):
+            return got
+        if got is None:
+            raise FrameTooLarge("the memory budget leaves no room for a message")
+        if self._notify is not None:
+            self._notify(True)
+        try:
+            charge = await future
+        except asyncio.CancelledError:
+            self.governor.cancel(got)
+            raise
+        finally:
+            if self._notify is not None:
+                self._notify(False)
+        if charge is None:
+            raise FrameTooLarge("the memory budget fell below the size of this call's messages")
+        return charge
+
+    async def recv(self) -> Received | None:
+        if self.first:  # the Hello never queues behind the data of others
+            self.first = False
+            charge = self.governor.force(Component.TRANSPORT, _FIRST_GRANT)
+        else:
+            charge = await self._grant(self.expected)
         try:
             data = await self.context.read()
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            charge.release()
             return None
+        except BaseException:
+            charge.release()
+            raise
         if data is grpc.aio.EOF:
+            charge.release()
             return None
-        return bytes(data)
+        raw = bytes(data)
+        charge.resize(len(raw))  # a larger message than granted is forced in (see above)
+        self.expected = max(len(raw), 1)
+        return Received(raw, charge)
 
     async def send(self, data: bytes) -> None:
         try:
@@ -65,6 +129,13 @@ class GrpcTransport:
         self.context.set_details(reason)
 
 
+def _certificate_names(context: grpc.aio.ServicerContext[Any, Any]) -> frozenset[str]:
+    """CN and subject alternative names of a verified client certificate (mTLS), else empty."""
+    auth = context.auth_context() or {}
+    names = [*auth.get("x509_common_name", ()), *auth.get("x509_subject_alternative_name", ())]
+    return frozenset(n.decode() if isinstance(n, bytes) else str(n) for n in names)
+
+
 def _bearer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     for key, value in context.invocation_metadata() or ():
         if (
@@ -77,7 +148,11 @@ def _bearer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 
 
 def build_server(
-    settings: Settings, edges: Edges, subscribers: Subscriptions, metrics: BridgeMetrics
+    settings: Settings,
+    edges: Edges,
+    subscribers: Subscriptions,
+    metrics: BridgeMetrics,
+    governor: Governor,
 ) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
     # Receive cap: the largest frame plus protobuf framing; gRPC's own default (4 MiB) is too small.
     max_msg = settings.max_frame_bytes + 64 * 1024
@@ -96,6 +171,8 @@ def build_server(
             ("grpc.server_handshake_timeout_ms", int(settings.hello_timeout_seconds * 1000)),
             # A connection with no call for a while is closed (edges keep their one call open).
             ("grpc.max_connection_idle_ms", int(settings.session_ttl_seconds * 1000)),
+            # No window growth beyond the default: unread bytes per call stay one small window.
+            ("grpc.http2.bdp_probe", 0),
         ]
     )
     viewer_token = settings.viewer_token or settings.auth_token
@@ -103,7 +180,9 @@ def build_server(
     async def connect(
         _request_iterator: object, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
-        await edges.serve(GrpcTransport(context), _bearer(context))
+        await edges.serve(
+            GrpcTransport(context, governor), _bearer(context), _certificate_names(context)
+        )
 
     async def subscribe(
         request_bytes: bytes, context: grpc.aio.ServicerContext[Any, Any]

@@ -5,7 +5,9 @@ The WebSocket and gRPC adapters wrap each connection in an ``EdgeTransport`` and
 The registry owns what connections share: the live set, the per-stream "space freed" events, the
 ack wake-ups and the draining flag. Backpressure: when a ring is full a connection stops reading
 (the transport's own flow control then stops the sender) and tells the edge with
-``FlowControl PAUSE`` / ``RESUME``.
+``FlowControl PAUSE`` / ``RESUME``; the same happens, session-wide, while the transport waits for
+the memory governor to grant the next message's bytes. Each message's charge is handed to its
+ring on acceptance, or released here exactly once.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from bridge import codec
 from bridge.core import Offer
+from bridge.credentials import DeviceTokenFile
 from bridge.errors import (
     FrameTooLarge,
     HelloTimeout,
@@ -29,9 +32,10 @@ from bridge.errors import (
     TooManyPending,
     Unauthenticated,
 )
+from bridge.governor import Charge
 from bridge.logs import RateLimitedLog
 from bridge.metrics import BridgeMetrics
-from bridge.ports import EdgeTransport, IngestCore
+from bridge.ports import EdgeTransport, IngestCore, Received
 from bridge.session import Session, Stream, StreamKey
 from bridge.settings import Settings
 from bridge.v1 import bridge_pb2 as pb
@@ -50,6 +54,8 @@ class IngestConfig:
     reconnect_after_ms: int = 1000
     hello_timeout_seconds: float = 5.0
     max_pending_connections: int = 256
+    device_tokens: DeviceTokenFile | None = None
+    bind_device_to_certificate: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings, limits: codec.Limits) -> IngestConfig:
@@ -61,6 +67,12 @@ class IngestConfig:
             reconnect_after_ms=settings.reconnect_after_ms,
             hello_timeout_seconds=settings.hello_timeout_seconds,
             max_pending_connections=settings.max_pending_connections,
+            bind_device_to_certificate=settings.bind_device_to_certificate,
+            device_tokens=(
+                DeviceTokenFile(settings.device_tokens_file)
+                if settings.device_tokens_file
+                else None
+            ),
         )
 
 
@@ -94,10 +106,21 @@ class EdgeRegistry:
     def draining(self) -> bool:
         return self._draining
 
-    async def serve(self, transport: EdgeTransport, header_token: str = "") -> None:
+    async def serve(
+        self,
+        transport: EdgeTransport,
+        header_token: str = "",
+        peer_names: frozenset[str] = frozenset(),
+    ) -> None:
         """Run one edge connection until it ends."""
         conn = EdgeConnection(
-            self, self._core, self._config, self._metrics, transport, header_token=header_token
+            self,
+            self._core,
+            self._config,
+            self._metrics,
+            transport,
+            header_token=header_token,
+            peer_names=peer_names,
         )
         await conn.run()
 
@@ -169,6 +192,7 @@ class EdgeConnection:
         transport: EdgeTransport,
         *,
         header_token: str = "",
+        peer_names: frozenset[str] = frozenset(),
     ) -> None:
         self._edges = edges
         self._core = core
@@ -176,12 +200,17 @@ class EdgeConnection:
         self._metrics = metrics
         self.transport = transport
         self.header_token = header_token
+        self.peer_names = peer_names  # the client certificate's CN and SANs (mTLS)
         self.session: Session | None = None
         self._acks_due = asyncio.Event()
         self._acks_urgent = asyncio.Event()
         self._send_lock = asyncio.Lock()
         self._task: asyncio.Task[Any] | None = None
         self._superseded = False
+        self._flow_want = False  # session-wide PAUSE wanted (a receive grant is waiting)
+        self._flow_sent = False
+        self._flow_task: asyncio.Future[None] | None = None
+        self._last_size = 0  # the last message's bytes: the low watermark's unit
 
     def wake_acks(self, *, urgent: bool) -> None:
         self._acks_due.set()
@@ -198,19 +227,22 @@ class EdgeConnection:
         metrics.connections.labels(transport).inc()
         self._task = asyncio.current_task()
         ack_task: asyncio.Task[None] | None = None
+        self.transport.on_wait(self._on_grant_wait)
         try:
-            raw = await self._first_message()
-            if raw is None:
+            received = await self._first_message()
+            if received is None:
                 return
+            raw = received.data
+            received.charge.release()  # a Hello is parsed and dropped at once
             try:
                 msg = codec.decode_edge(raw, self._config.limits)
                 if msg.WhichOneof("kind") != "hello":
                     raise ProtocolViolation("the first message must be Hello")
-                self._authenticate(msg.hello)
+                proven = self._authenticate(msg.hello)
                 if edges.draining:
                     await self.send(self._drain_message())
                     return
-                attached = core.hello(msg.hello, self)
+                attached = core.hello(msg.hello, self, identity_proven=proven)
                 self.session, welcome = attached.session, attached.welcome
                 edges.supersede(attached.superseded)
             except ProtocolError as exc:
@@ -243,14 +275,16 @@ class EdgeConnection:
         finally:
             if ack_task is not None:
                 ack_task.cancel()
+            if self._flow_task is not None:
+                self._flow_task.cancel()
             edges.unregister(self)
             if self.session is not None:
                 core.detach(self.session, self, time.monotonic())
                 metrics.sessions.set(core.attached_sessions)
             metrics.connections.labels(transport).dec()
 
-    async def _first_message(self) -> bytes | None:
-        """The Hello's bytes, within the deadline, while at most ``max_pending_connections``
+    async def _first_message(self) -> Received | None:
+        """The Hello, within the deadline, while at most ``max_pending_connections``
         connections wait for theirs; anything else is refused and the connection closed."""
         edges, config = self._edges, self._config
         if edges.pending >= config.max_pending_connections:
@@ -272,58 +306,155 @@ class EdgeConnection:
             edges.pending -= 1
             self._metrics.pending_connections.set(edges.pending)
 
-    def _authenticate(self, hello: pb.Hello) -> None:
-        expected = self._config.auth_token
-        if not expected:
-            return
+    def _authenticate(self, hello: pb.Hello) -> bool:
+        """Check the Hello's credentials; True when they prove the device id itself (a
+        per-device token), which lets it take over its own live session."""
+        if self._config.bind_device_to_certificate:
+            if hello.device_id not in self.peer_names:
+                raise Unauthenticated(
+                    f"device id {hello.device_id!r} is not a name in the client certificate"
+                )
+            proven = True
+        else:
+            proven = False
         offered = hello.auth_token or self.header_token
-        if not hmac.compare_digest(offered.encode(), expected.encode()):
-            raise Unauthenticated("missing or wrong bearer token")
+        device_tokens = self._config.device_tokens
+        if device_tokens is not None and device_tokens.current().verify(hello.device_id, offered):
+            return True
+        expected = self._config.auth_token
+        if not expected and device_tokens is None:
+            return proven
+        if expected and hmac.compare_digest(offered.encode(), expected.encode()):
+            return proven
+        raise Unauthenticated("missing or wrong bearer token for this device")
 
     async def _read_loop(self) -> None:
         metrics = self._metrics
         transport = self.transport.name
         assert self.session is not None
         while True:
-            raw = await self.transport.recv()
-            if raw is None:
+            received = await self.transport.recv()
+            if received is None:
                 return
+            size = self._last_size = len(received.data)
             metrics.frames_received.labels(transport).inc()
-            metrics.bytes_received.labels(transport).inc(len(raw))
+            metrics.bytes_received.labels(transport).inc(size)
             frame: pb.Frame | None = None
+            charge: Charge | None = received.charge
             try:
-                msg = codec.decode_edge(raw, self._config.limits)
+                msg = codec.decode_edge(received.data, self._config.limits)
+                del received  # the wire bytes: only the parsed frame (charged) is kept
                 if msg.WhichOneof("kind") != "frame":
                     raise ProtocolViolation("Hello may only be sent once per connection")
                 frame = msg.frame
                 if self._edges.draining:
                     continue  # not accepted, not acked: the edge resends it after reconnecting
-                await self._admit(frame, len(raw))
+                assert charge is not None
+                owned, charge = charge, None
+                await self._admit(frame, size, owned)
             except ProtocolError as exc:
                 if exc.fatal:
                     await self._refuse(exc, fatal=True)
                     return
                 await self._refuse(exc, fatal=False, frame=frame or exc.frame)
+            finally:
+                if charge is not None:
+                    charge.release()
 
-    async def _admit(self, frame: pb.Frame, size: int) -> None:
+    def _on_grant_wait(self, waiting: bool) -> None:
+        """Reading stopped for a memory grant: tell the whole session to pause (and resume).
+        Then let ``drop_oldest`` streams give way first: they chose losing old frames over
+        stalling (this may grant at once, and then RESUME follows the PAUSE)."""
+        if waiting:
+            self._metrics.backpressure.inc()
+        self._flow_want = waiting
+        if self.session is not None and self._flow_task is None:
+            # One sender, whatever the edge reads: a peer that never reads blocks it, and
+            # flips in between only update what it sends next (bounded, in order).
+            self._flow_task = asyncio.ensure_future(self._flow_sender())
+        if waiting:
+            self._core.reclaim_for_waiters()
+
+    async def _flow_sender(self) -> None:
+        try:
+            while self._flow_want != self._flow_sent:
+                want = self._flow_want
+                if not want:
+                    # Hysteresis: a grant right after a wait means room for one message; a
+                    # RESUME then would bring a PAUSE back after the next one. Wait until the
+                    # session's rings drained to their low watermark.
+                    await self._until_session_drained()
+                    if self._flow_want:
+                        continue
+                action = pb.FlowControl.PAUSE if want else pb.FlowControl.RESUME
+                msg = pb.BridgeMessage(flow_control=pb.FlowControl(action=action))
+                with contextlib.suppress(ConnectionError):
+                    await self.send(msg)
+                self._flow_sent = want
+        finally:
+            self._flow_task = None
+
+    async def _admit(self, frame: pb.Frame, size: int, charge: Charge) -> None:
+        """Offer until the ring accepts (it takes over ``charge``); otherwise (a duplicate, an
+        error, draining, cancelled) ``charge`` is released here, exactly once."""
+        state = {"taken": False, "paused": False}
+        try:
+            await self._offer_until_taken(frame, size, charge, state)
+        finally:
+            if not state["taken"]:
+                charge.release()
+        if state["paused"]:
+            # Hysteresis: RESUME only once the ring drained to its low watermark.
+            if not await self._until_resume_ready(frame.stream_id, size):
+                return
+            await self.send(
+                pb.BridgeMessage(
+                    flow_control=pb.FlowControl(
+                        action=pb.FlowControl.RESUME, stream_id=frame.stream_id
+                    )
+                )
+            )
+
+    async def _until_session_drained(self) -> None:
+        session = self.session
+        if session is None:
+            return
+        for stream_id in list(session.streams):
+            if not await self._until_resume_ready(stream_id, self._last_size):
+                return
+
+    async def _until_resume_ready(self, stream_id: str, size: int) -> bool:
+        """Wait until the paused stream's ring is down to its low watermark (False: draining)."""
+        core = self._core
+        assert self.session is not None
+        while not core.resume_ready(self.session, stream_id, size):
+            space = self._edges.space_event((self.session.device_id, stream_id))
+            space.clear()
+            if core.resume_ready(self.session, stream_id, size):
+                break
+            await space.wait()
+            if self._edges.draining:
+                return False
+        return True
+
+    async def _offer_until_taken(
+        self, frame: pb.Frame, size: int, charge: Charge, state: dict[str, bool]
+    ) -> None:
         core, metrics = self._core, self._metrics
         assert self.session is not None
-        paused = False
         while True:
             space = self._edges.space_event((self.session.device_id, frame.stream_id))
             space.clear()
-            outcome = core.offer(self.session, frame, size, time.time_ns())
+            outcome = core.offer(self.session, frame, size, time.time_ns(), charge)
             if outcome is Offer.ACCEPTED:
+                state["taken"] = True
                 metrics.frames_accepted.inc()
-                break
+                return
             if outcome is Offer.DUPLICATE:
                 metrics.frames_duplicate.inc()
-                break
-            if not paused:
-                paused = True
-                if not core.fits(self.session, frame, size):
-                    # Only after a live shrink below one frame: wait for the budget to grow.
-                    log.warning("frame of %d bytes exceeds the ring capacity; waiting", size)
+                return
+            if not state["paused"]:
+                state["paused"] = True
                 metrics.backpressure.inc()
                 await self.send(
                     pb.BridgeMessage(
@@ -335,23 +466,6 @@ class EdgeConnection:
             await space.wait()
             if self._edges.draining:
                 return
-        if paused:
-            # Hysteresis: RESUME only once the ring drained to its low watermark.
-            while not core.resume_ready(self.session, frame.stream_id, size):
-                space = self._edges.space_event((self.session.device_id, frame.stream_id))
-                space.clear()
-                if core.resume_ready(self.session, frame.stream_id, size):
-                    break
-                await space.wait()
-                if self._edges.draining:
-                    return
-            await self.send(
-                pb.BridgeMessage(
-                    flow_control=pb.FlowControl(
-                        action=pb.FlowControl.RESUME, stream_id=frame.stream_id
-                    )
-                )
-            )
 
     async def _refuse(
         self, exc: ProtocolError, *, fatal: bool, frame: pb.Frame | None = None

@@ -7,7 +7,9 @@ backend).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+
+from bridge.governor import Component, Governor
 
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 _DECIMATE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5)
@@ -133,6 +135,45 @@ class BridgeMetrics:
             ["surface"],
             registry=r,
         )
+        ProcessCollector(registry=r)  # process_resident_memory_bytes and friends
+
+    def watch_governor(self, governor: Governor) -> None:
+        """Memory series read from the governor at scrape time (never stale)."""
+        r = self.registry
+        budget = Gauge(
+            "bridge_memory_budget_bytes",
+            "Data budget: memory limit - baseline - headroom (or the configured cap)",
+            registry=r,
+        )
+        budget.set_function(lambda: governor.budget_bytes)
+        reserve = Gauge(
+            "bridge_memory_reserve_bytes",
+            "Part of the budget kept for forward progress (decimation, pushes in flight)",
+            registry=r,
+        )
+        reserve.set_function(lambda: governor.reserve_bytes)
+        charged = Gauge(
+            "bridge_memory_charged_bytes",
+            "Bytes held for data, by the component holding them",
+            ["component"],
+            registry=r,
+        )
+        for component in Component:
+            charged.labels(component.value).set_function(
+                lambda c=component: governor.charged(c)  # type: ignore[misc]
+            )
+        waiting = Gauge(
+            "bridge_memory_grants_waiting",
+            "Receive grants waiting for room (connections not being read)",
+            registry=r,
+        )
+        waiting.set_function(lambda: governor.waiting)
+        overdraft = Gauge(
+            "bridge_memory_overdraft_peak_bytes",
+            "Highest charged - budget seen (forced forward-progress charges only)",
+            registry=r,
+        )
+        overdraft.set_function(lambda: governor.stats.overdraft_peak_bytes)
 
     def publish_backend(self, name: str | None) -> None:
         """``bridge_decimate_backend{backend}``: 1 for the backend in use, 0 for the others."""

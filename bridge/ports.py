@@ -9,6 +9,8 @@ uses, so a new transport or sink is written against one small Protocol, never th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from bridge.v1 import bridge_pb2 as pb
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
     from bridge.core import Attached, Offer
     from bridge.egress import Outgoing
     from bridge.errors import ProtocolError
+    from bridge.governor import Charge
     from bridge.ring import Entry
     from bridge.session import Session, Stream, StreamKey
     from bridge.subscribers import Subscriber
@@ -27,9 +30,13 @@ class IngestCore(Protocol):
 
     @property
     def attached_sessions(self) -> int: ...
-    def hello(self, hello: pb.Hello, connection: object) -> Attached: ...
-    def offer(self, session: Session, frame: pb.Frame, size: int, now_ns: int) -> Offer: ...
-    def fits(self, session: Session, frame: pb.Frame, size: int) -> bool: ...
+    def hello(
+        self, hello: pb.Hello, connection: object, *, identity_proven: bool = False
+    ) -> Attached: ...
+    def offer(
+        self, session: Session, frame: pb.Frame, size: int, now_ns: int, charge: Charge | None
+    ) -> Offer: ...
+    def reclaim_for_waiters(self) -> int: ...
     def resume_ready(self, session: Session, stream_id: str, size: int) -> bool: ...
     def detach(self, session: Session, connection: object, now: float) -> None: ...
     def take_acks(self, session: Session) -> pb.Ack | None: ...
@@ -52,7 +59,12 @@ class Edges(Protocol):
 
     @property
     def draining(self) -> bool: ...
-    async def serve(self, transport: EdgeTransport, header_token: str = "") -> None: ...
+    async def serve(
+        self,
+        transport: EdgeTransport,
+        header_token: str = "",
+        peer_names: frozenset[str] = frozenset(),
+    ) -> None: ...
 
 
 class EdgeEvents(Protocol):
@@ -66,7 +78,7 @@ class Subscriptions(Protocol):
     """What the Subscribe handler asks of the viewer set."""
 
     def __len__(self) -> int: ...
-    def attach(self, sub: Subscriber, from_bridge_seq: int) -> list[bytes]: ...
+    def attach(self, sub: Subscriber, from_bridge_seq: int) -> Iterator[bytes]: ...
     def detach(self, sub: Subscriber) -> None: ...
 
 
@@ -74,13 +86,25 @@ class Fanout(Protocol):
     def fanout(self, entries: list[tuple[Stream, Entry]]) -> int: ...
 
 
+@dataclass(slots=True)
+class Received:
+    """One message and the memory governor's charge for its bytes (granted before reading)."""
+
+    data: bytes
+    charge: Charge
+
+
 class EdgeTransport(Protocol):
     """One edge connection the transport's way (a WebSocket, a gRPC call)."""
 
     name: str
 
-    async def recv(self) -> bytes | None:
-        """Next binary message, or None when the peer closed."""
+    async def recv(self) -> Received | None:
+        """Next binary message, read only once the governor granted its bytes; None when the
+        peer closed."""
+
+    def on_wait(self, notify: Callable[[bool], None]) -> None:
+        """Call ``notify(True)`` when reading stops for a grant, ``notify(False)`` after."""
 
     async def send(self, data: bytes) -> None: ...
 

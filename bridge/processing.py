@@ -16,6 +16,8 @@ from collections.abc import Callable
 from bridge import wire
 from bridge.core import BridgeCore, WorkItem
 from bridge.decimate import Decimator
+from bridge.governor import Charge, Component, Governor
+from bridge.session import KIND_POINT_CLOUD, Stream
 from bridge.v1 import bridge_pb2 as pb
 from bridge.workers import WorkerPool
 
@@ -26,6 +28,13 @@ Clock = Callable[[], int]
 
 # ProcessedFrame.point_cloud's key, from the descriptor: a passthrough cloud is spliced in as is.
 _POINT_CLOUD_KEY = wire.field_key(pb.ProcessedFrame.DESCRIPTOR, "point_cloud")
+SCRATCH_BYTES_PER_POINT = 16  # the kernel's packed key + index per input point (native/README)
+
+
+def decimation_bytes(item: WorkItem) -> int:
+    """What decimating ``item`` may hold besides its ring entry: output (at most the input's
+    size) plus the kernel's scratch. Charged (forced) while a worker has it."""
+    return item.entry.size + SCRATCH_BYTES_PER_POINT * item.points
 
 
 def needs_worker(item: WorkItem, decimator: Decimator | None) -> bool:
@@ -102,7 +111,10 @@ class Processor:
         *,
         depth: int = 2,
         on_done: Callable[[WorkItem, float, str | None], None] | None = None,
+        governor: Governor | None = None,
     ) -> None:
+        self.governor = governor
+        self._charges: dict[int, Charge] = {}  # id(item) -> its decimation charge
         self.core = core
         self.pool = pool
         self.decimator = decimator
@@ -143,14 +155,33 @@ class Processor:
             if item is None:
                 break
             if not needs_worker(item, self.decimator):
-                # Cheap: no thread hop (queue, wake-up, GIL hand-off, call_soon_threadsafe).
-                result, _, error = process_frame(item, None)
-                self.core.complete(item, result)
-                if self._on_done is not None:
-                    self._on_done(item, 0.0, error)
+                self._process_inline(item)
                 continue
             self._in_flight += 1
+            if self.governor is not None:
+                self._charges[id(item)] = self.governor.force(
+                    Component.DECIMATION, decimation_bytes(item)
+                )
             self.pool.submit(self._task(item, self.decimator))
+
+        # Every worker busy: cheap streams (telemetry, passthrough) still go on, so a stream of
+        # costly clouds never delays another device's small frames.
+        while (item := self.core.take_work(self._cheap_stream)) is not None:
+            self._process_inline(item)
+
+    def _cheap_stream(self, stream: Stream) -> bool:
+        return (
+            self.decimator is None
+            or stream.config.passthrough
+            or stream.config.kind != KIND_POINT_CLOUD
+        )
+
+    def _process_inline(self, item: WorkItem) -> None:
+        """Cheap: no thread hop (queue, wake-up, GIL hand-off, call_soon_threadsafe)."""
+        result, _, error = process_frame(item, None)
+        self.core.complete(item, result)
+        if self._on_done is not None:
+            self._on_done(item, 0.0, error)
 
     def _task(self, item: WorkItem, decimator: Decimator | None) -> Callable[[], None]:
         loop = self._loop or asyncio.get_running_loop()
@@ -171,6 +202,9 @@ class Processor:
         self, item: WorkItem, result: tuple[bytes | tuple[bytes, ...], float, str | None]
     ) -> None:
         self._in_flight -= 1
+        charge = self._charges.pop(id(item), None)
+        if charge is not None:
+            charge.release()
         data, spent, error = result
         if not data:  # internal failure: deliver the raw frame so seq accounting stays whole
             data, spent, _ = process_frame(item, None)

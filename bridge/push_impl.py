@@ -21,6 +21,7 @@ import time
 
 import grpc
 
+from bridge.governor import Component, Governor
 from bridge.metrics import BridgeMetrics
 from bridge.ports import Delivery
 from bridge.ring import Entry
@@ -35,8 +36,15 @@ _BATCH = 64
 
 
 class SinkPusher:
-    def __init__(self, delivery: Delivery, settings: Settings, metrics: BridgeMetrics) -> None:
+    def __init__(
+        self,
+        delivery: Delivery,
+        settings: Settings,
+        metrics: BridgeMetrics,
+        governor: Governor | None = None,
+    ) -> None:
         self.delivery = delivery
+        self.governor = governor  # each push in flight is charged (egress) until written
         self.settings = settings
         self.metrics = metrics
         self.address = settings.sink_address
@@ -183,7 +191,17 @@ class SinkPusher:
                     continue
                 if out.replay:
                     replayed.inc()
-                await call.write(out.data)
+                charge = (
+                    self.governor.force(Component.EGRESS, len(out.data))
+                    if self.governor is not None
+                    else None
+                )
+                try:
+                    await call.write(out.data)
+                finally:
+                    if charge is not None:
+                        charge.release()
+                del out
                 self._highest_sent = max(self._highest_sent, entry.bridge_seq)
                 if self._waiting_since is None:
                     self._waiting_since = time.monotonic()

@@ -5,6 +5,11 @@ processed result (or when a ``drop_oldest`` stream evicts it). Entries move thro
 ``PENDING -> PROCESSING -> READY`` and are charged their current size: the raw frame until it is
 processed, the (usually much smaller) processed result afterwards.
 
+Capacity is the stream's fair share of the memory governor's admission limit, with no floor: a
+frame larger than the share is admitted only into an otherwise empty ring (it borrows the room
+of streams that are not using theirs; the governor has already granted its bytes). Each entry
+carries its governor charge and releases it exactly once, when it leaves the ring.
+
 ``backpressure`` never drops: a full ring refuses admission and the ingest adapter stops reading.
 ``drop_oldest`` evicts the oldest evictable entries to make room, counts them and attaches a
 :class:`Gap` to the next surviving entry of the stream so the viewer is told, never left to guess.
@@ -17,6 +22,14 @@ import enum
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class Held(Protocol):
+    """The governor charge an entry holds (see :class:`bridge.governor.Charge`)."""
+
+    def release(self) -> None: ...
+    def resize(self, nbytes: int) -> None: ...
 
 
 class Policy(enum.Enum):
@@ -60,6 +73,16 @@ class Entry:
     bridge_seq: int = 0  # set when committed to the egress log
     in_flight: bool = False  # sent to the sink, not yet acknowledged
     removed: bool = False  # acknowledged or evicted: egress skips it
+    charge: Held | None = None  # released when the entry leaves the ring
+
+    def release(self) -> None:
+        """Leave the ring: drop the data (the egress log may still list the entry) and give
+        its bytes back to the governor, exactly once."""
+        self.removed = True
+        self.item = None
+        if self.charge is not None:
+            charge, self.charge = self.charge, None
+            charge.release()
 
 
 class AdmitResult(enum.Enum):
@@ -78,8 +101,8 @@ class StreamRing:
     """Ordered entries of one stream, bounded by ``capacity_bytes``."""
 
     def __init__(self, capacity_bytes: int, policy: Policy = Policy.BACKPRESSURE) -> None:
-        if capacity_bytes <= 0:
-            raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
+        if capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
         self.policy = policy
         self.occupancy_bytes = 0
@@ -102,27 +125,33 @@ class StreamRing:
     def free_bytes(self) -> int:
         return max(0, self.capacity_bytes - self.occupancy_bytes)
 
-    def fits(self, size: int) -> bool:
-        """Could a frame of ``size`` bytes ever be admitted at the current capacity?"""
-        return size <= self.capacity_bytes
+    def _room(self, size: int) -> bool:
+        # One frame above the share is allowed into an empty ring (it borrows; no floor).
+        return self.occupancy_bytes + size <= self.capacity_bytes or not self._entries
 
     # -- admission --------------------------------------------------------------------------
     def admit(
-        self, seq: int, size: int, item: object, *, ingest_ns: int = 0, gap: Gap | None = None
+        self,
+        seq: int,
+        size: int,
+        item: object,
+        *,
+        ingest_ns: int = 0,
+        gap: Gap | None = None,
+        charge: Held | None = None,
     ) -> tuple[AdmitResult, list[Entry]]:
-        """Admit a frame, or report FULL. Returns the entries evicted to make room."""
+        """Admit a frame (taking over ``charge``), or report FULL (the caller keeps it).
+        Returns the entries evicted to make room."""
         if self._entries and seq <= self._entries[-1].seq:
             raise ValueError(f"seq {seq} is not above the ring's last seq {self._entries[-1].seq}")
-        if size > self.capacity_bytes:
-            return AdmitResult.FULL, []
         evicted: list[Entry] = []
-        if self.occupancy_bytes + size > self.capacity_bytes:
+        if not self._room(size):
             if self.policy is Policy.BACKPRESSURE:
                 return AdmitResult.FULL, []
-            evicted = self._evict_until(self.capacity_bytes - size)
-            if self.occupancy_bytes + size > self.capacity_bytes:
+            evicted = self._evict_until(max(0, self.capacity_bytes - size))
+            if not self._room(size):
                 return AdmitResult.FULL, evicted
-        entry = Entry(seq, size, item, ingest_ns=ingest_ns, gap=gap)
+        entry = Entry(seq, size, item, ingest_ns=ingest_ns, gap=gap, charge=charge)
         if self._pending_gap is not None:
             entry.gap = (
                 self._pending_gap if entry.gap is None else self._pending_gap.merge(entry.gap)
@@ -134,6 +163,21 @@ class StreamRing:
         self.occupancy_bytes += size
         self.stats.admitted += 1
         return AdmitResult.ACCEPTED, evicted
+
+    def release_all(self) -> None:
+        """The stream is forgotten: every entry's charge goes back to the governor."""
+        for entry in self._entries:
+            entry.release()
+        self._entries.clear()
+        self._pending.clear()
+        self._uncommitted.clear()
+        self.occupancy_bytes = 0
+
+    def evict_bytes(self, nbytes: int) -> list[Entry]:
+        """Free at least ``nbytes`` if evictable entries allow (drop_oldest only)."""
+        if self.policy is not Policy.DROP_OLDEST or nbytes <= 0:
+            return []
+        return self._evict_until(max(0, self.occupancy_bytes - nbytes))
 
     def _evict_until(self, target_bytes: int) -> list[Entry]:
         """Evict oldest evictable entries until occupancy <= target (drop_oldest only)."""
@@ -153,7 +197,7 @@ class StreamRing:
         return evicted
 
     def _drop(self, entry: Entry) -> None:
-        entry.removed = True
+        entry.release()
         self.occupancy_bytes -= entry.size
         self.stats.evicted += 1
 
@@ -188,6 +232,8 @@ class StreamRing:
         entry.item = result
         self.occupancy_bytes += result_size - entry.size
         entry.size = result_size
+        if entry.charge is not None:
+            entry.charge.resize(result_size)
 
     def take_committable(self) -> list[Entry]:
         """READY entries not yet committed whose predecessors are all committed (seq order)."""
@@ -205,7 +251,7 @@ class StreamRing:
         freed = 0
         while self._entries and self._entries[0].seq <= seq:
             entry = self._entries.popleft()
-            entry.removed = True
+            entry.release()
             freed += entry.size
             self.stats.delivered += 1
         self.occupancy_bytes -= freed
@@ -217,8 +263,8 @@ class StreamRing:
     def resize(self, capacity_bytes: int) -> list[Entry]:
         """Change capacity live. Shrinking below occupancy evicts only under drop_oldest;
         under backpressure the ring simply admits nothing until delivery drains it."""
-        if capacity_bytes <= 0:
-            raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
+        if capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
         if self.policy is Policy.DROP_OLDEST and self.occupancy_bytes > capacity_bytes:
             return self._evict_until(capacity_bytes)

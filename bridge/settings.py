@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from bridge.credentials import parse_device_tokens
 from bridge.errors import ConfigError
 from bridge.settings_help import flag_help
 
@@ -43,7 +44,6 @@ class Settings:
     subscriber_queue_frames: int = 256
     # Rings
     ring_budget_bytes: int = 512 * MiB  # with adapt: only when memory is unlimited
-    ring_floor_bytes: int = 0  # 0 = max_frame_bytes (a ring can always hold one frame)
     overflow_policy: str = "backpressure"  # backpressure | drop_oldest
     # Processing
     workers: int = 0  # 0 = from the CPU quota / affinity
@@ -90,6 +90,8 @@ class Settings:
     sink_key_file: str = ""
     # Hardening: who may read, how long a connection may stay anonymous, what a message may cost
     viewer_token: str = ""  # bearer token for Subscribe; empty = auth_token
+    bind_device_to_certificate: bool = False  # mTLS: device id must be a name in the cert
+    device_tokens_file: str = ""  # per-device tokens (bridge/credentials.py); reloaded on change
     metrics_auth: str = "token"  # with auth on, /metrics needs the token (token) or not (open)
     hello_timeout_seconds: float = 5.0  # a connection must say Hello within this
     max_pending_connections: int = 256  # connections that have not said Hello yet
@@ -120,7 +122,7 @@ _CHOICES = {
     "metrics_auth": ("token", "open"),
 }
 _PORTS = ("ws_port", "grpc_port", "http_port")
-_NON_NEGATIVE = ("workers", "ring_floor_bytes", "voxel_size", "reconnect_after_ms")
+_NON_NEGATIVE = ("workers", "voxel_size", "reconnect_after_ms")
 
 
 def env_name(field: str) -> str:
@@ -231,6 +233,12 @@ def validate(s: Settings) -> list[str]:
         if positive and isinstance(value, int | float) and value <= 0:
             problems.append(f"{f.name}: must be > 0")
     problems += _address_problems(s)
+    if s.device_tokens_file:
+        try:
+            text = Path(s.device_tokens_file).read_text(encoding="utf-8")
+            parse_device_tokens(text, s.device_tokens_file)
+        except (OSError, ValueError) as exc:
+            problems.append(f"device_tokens_file: {exc}")
     if s.sink_backoff_initial_seconds > s.sink_backoff_max_seconds:
         problems.append("sink_backoff_initial_seconds: must be <= sink_backoff_max_seconds")
     problems += _tls_problems(s)
@@ -284,6 +292,8 @@ def _tls_problems(s: Settings) -> list[str]:
     for a, b in (("tls_cert_file", "tls_key_file"), ("sink_cert_file", "sink_key_file")):
         if bool(getattr(s, a)) != bool(getattr(s, b)):
             problems.append(f"{a} and {b}: set both or neither")
+    if s.bind_device_to_certificate and not s.tls_client_ca_file:
+        problems.append("bind_device_to_certificate: needs tls_client_ca_file (mTLS)")
     if s.tls_client_ca_file and not s.tls_cert_file:
         problems.append("tls_client_ca_file: needs tls_cert_file/tls_key_file (a TLS server)")
     if s.sink_cert_file and not s.sink_ca_file:

@@ -21,7 +21,6 @@ HELP: dict[str, str] = {
     "subscriber_queue_frames": "frames queued per viewer before it gets slow_subscriber gaps",
     "ring_budget_bytes": "bytes all stream rings share; with adapt, used only when memory is "
     "unlimited (otherwise planned from the memory limit)",
-    "ring_floor_bytes": "smallest ring per stream, in bytes (0 = max_frame_bytes)",
     "overflow_policy": "default per-stream policy when a ring is full: backpressure pauses the "
     "edge and never drops; drop_oldest evicts, counts and announces a gap",
     "workers": "decimation worker threads (0 = from the CPU quota, re-planned live)",
@@ -61,6 +60,11 @@ HELP: dict[str, str] = {
     "cuda_lib": "the CUDA decimation library to load; empty = _sbv_cuda.so next to the package",
     "viewer_token": "bearer token Visualization.Subscribe needs (gRPC authorization metadata); "
     "empty = auth_token",
+    "bind_device_to_certificate": "with mTLS: a Hello's device id must be the client "
+    "certificate's CN or one of its subject alternative names (and may then take over its "
+    "own live session)",
+    "device_tokens_file": "file of 'DEVICE_ID sha256:HEX' lines: each device proves its id with "
+    "its own token (re-read when it changes); auth_token, if set, is still accepted",
     "metrics_auth": "with auth_token set: /metrics needs the token (token) or is open for "
     "Prometheus (open); /debug/* always needs it",
     "hello_timeout_seconds": "a connection must send Hello within this (also the gRPC "

@@ -6,6 +6,7 @@ means one place decides what "TLS on" and "clients must present a certificate" m
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from pathlib import Path
 
@@ -50,3 +51,14 @@ def sink_channel_credentials(settings: Settings) -> grpc.ChannelCredentials | No
         private_key=_read(settings.sink_key_file) if settings.sink_key_file else None,
         certificate_chain=_read(settings.sink_cert_file) if settings.sink_cert_file else None,
     )
+
+
+def certificate_names(transport: asyncio.BaseTransport | None) -> frozenset[str]:
+    """CN and subject alternative names of the peer's verified certificate (mTLS), else empty."""
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    cert = ssl_object.getpeercert() if ssl_object is not None else None
+    if not cert:
+        return frozenset()
+    names = [value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName"]
+    names += [value for _kind, value in cert.get("subjectAltName", ())]
+    return frozenset(str(n) for n in names)

@@ -3,44 +3,191 @@
 Library defaults that bite a point-cloud relay are set deliberately (docs/design.md §2): permessage-
 deflate off and ``max_size`` from settings. Fatal protocol errors close with the code from
 ``bridge.errors.WIRE``; a draining bridge closes with 1001.
+
+Receive is bounded in bytes, not messages: :class:`GovernedConnection` reads a data frame's
+payload only after the memory governor granted it (the size comes from the frame header, see
+:mod:`bridge.wsmeter`). While a grant waits, the connection stops reading (TCP flow control
+stops the sender) and the edge is told ``FlowControl PAUSE``. What a connection can hold beyond
+its grants is one socket read (≤ 256 KiB, the event loop's read size) plus control frames.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
+from collections.abc import Callable
+from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from bridge.errors import FrameTooLarge, MalformedMessage, ProtocolError
+from bridge.governor import Charge, Component, Governor, Waiter
 from bridge.metrics import BridgeMetrics
-from bridge.ports import Edges
+from bridge.ports import Edges, Received
 from bridge.settings import Settings
-from bridge.tls import server_ssl_context
+from bridge.tls import certificate_names, server_ssl_context
+from bridge.wsmeter import FrameMeter
 
 log = logging.getLogger("bridge.ws")
 
 INGEST_PATH = "/v1/ingest"
 
 
+HELLO_BYTES = 64 * 1024  # a first message up to this size is read without waiting for a grant
+
+
+class GovernedConnection(ServerConnection):
+    """A server connection whose data-frame payloads reach the parser only once granted.
+
+    Each read is metered (:class:`FrameMeter`): bytes up to the end of a data frame's header
+    pass through; the rest of the read is stashed and reading pauses until the governor grants
+    that frame's payload. A connection therefore never holds more ungranted bytes than one read.
+    """
+
+    governor: Governor  # set on the per-server subclass made in start_ws_server
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.meter = FrameMeter()
+        self.held: Charge | None = None  # granted bytes not yet handed to recv()'s caller
+        self.hello: Charge | None = None  # the first message's, charged without waiting
+        self.waiter: Waiter | None = None
+        self.stash = b""  # bytes of the current read behind an ungranted header
+        self.queue_full = False  # websockets' own message queue asked to stop reading
+        self.refused = False
+        self.reading = True
+        self.on_wait: Callable[[bool], None] | None = None  # PAUSE/RESUME to the edge
+        self._closing: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.recv_messages.pause = lambda: self._queue(True)
+        self.recv_messages.resume = lambda: self._queue(False)
+
+    def _queue(self, full: bool) -> None:
+        self.queue_full = full
+        self._apply()
+
+    def _apply(self) -> None:
+        want = not self.queue_full and self.waiter is None and not self.stash and not self.refused
+        if want != self.reading and not self.transport.is_closing():
+            self.reading = want
+            if want:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.protocol.state is State.CONNECTING or self.refused:
+            super().data_received(data)
+            return
+        self.stash += data
+        self._feed()
+
+    def _feed(self) -> None:
+        """Pass stashed bytes to websockets up to the next payload nobody granted yet."""
+        while self.stash and self.waiter is None and not self.refused:
+            used, owed = self.meter.feed(self.stash)
+            chunk, self.stash = self.stash[:used], self.stash[used:]
+            super().data_received(chunk)
+            if owed and self.meter.frames == 1 and owed <= HELLO_BYTES:
+                # The Hello never queues behind the data of others: an edge is always
+                # welcomed (and paused) even while the budget is full.
+                self.hello = self.governor.force(Component.TRANSPORT, owed)
+            elif owed:
+                self._need(owed)
+        self._apply()
+
+    def _need(self, nbytes: int) -> None:
+        got = self.governor.request(Component.TRANSPORT, nbytes, self._granted)
+        if isinstance(got, Charge):
+            self._hold(got)
+        elif isinstance(got, Waiter):
+            self.waiter = got
+            if self.on_wait is not None:
+                self.on_wait(True)
+        else:
+            self._refuse(nbytes)
+
+    def _granted(self, charge: Charge | None) -> None:
+        # Called inside the governor: only record, and continue reading on the next turn.
+        waiter, self.waiter = self.waiter, None
+        if charge is None:
+            self._refuse(waiter.nbytes if waiter is not None else 0)
+            return
+        self._hold(charge)
+        if self.on_wait is not None:
+            self.on_wait(False)
+        self.loop.call_soon(self._feed)
+
+    def _refuse(self, nbytes: int) -> None:
+        """A frame that can never fit the current budget: close with 1009 and the reason."""
+        self.refused = True
+        self.stash = b""
+        self._apply()
+        limit = self.governor.admission_limit
+        reason = f"frame of {nbytes} bytes can never fit the memory budget (max {limit})"
+        log.info("ws: %s", reason)
+        self._closing = asyncio.ensure_future(self.close(CloseCode.MESSAGE_TOO_BIG, reason[:120]))
+
+    def _hold(self, charge: Charge) -> None:
+        if self.held is None:
+            self.held = charge
+        else:
+            self.held.merge(charge)
+
+    def take(self, nbytes: int) -> Charge:
+        """The charge for one message that recv() returned, carved out of the grants."""
+        if self.hello is not None:
+            charge, self.hello = self.hello, None
+            charge.resize(nbytes)
+            return charge
+        if self.held is None:
+            self.held = self.governor.force(Component.TRANSPORT, 0)
+        have = self.held.nbytes
+        charge = self.held.split(min(have, nbytes))
+        if have < nbytes:
+            # Only bytes that arrived before metering began (pipelined with the handshake).
+            charge.resize(nbytes)
+        return charge
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.stash = b""
+        if self.waiter is not None:
+            self.governor.cancel(self.waiter)
+            self.waiter = None
+        for name in ("held", "hello"):
+            charge = getattr(self, name)
+            if charge is not None:
+                setattr(self, name, None)
+                charge.release()
+
+
 class WsTransport:
     name = "ws"
 
-    def __init__(self, ws: ServerConnection) -> None:
+    def __init__(self, ws: GovernedConnection) -> None:
         self.ws = ws
 
-    async def recv(self) -> bytes | None:
+    def on_wait(self, notify: Callable[[bool], None]) -> None:
+        self.ws.on_wait = notify
+
+    async def recv(self) -> Received | None:
         try:
             data = await self.ws.recv()
         except ConnectionClosed:
             return None
         if isinstance(data, str):
+            self.ws.take(len(data.encode())).release()
             raise MalformedMessage("text messages are not accepted; send binary protobuf")
-        return data
+        return Received(data, self.ws.take(len(data)))
 
     async def send(self, data: bytes) -> None:
         try:
@@ -60,8 +207,11 @@ def _bearer(headers: Headers) -> str:
     return value[7:] if value.lower().startswith("bearer ") else ""
 
 
-async def start_ws_server(edges: Edges, settings: Settings, metrics: BridgeMetrics) -> Server:
-    """Listen on ``settings.host:settings.ws_port``; each connection is served by ``edges``."""
+async def start_ws_server(
+    edges: Edges, settings: Settings, metrics: BridgeMetrics, governor: Governor
+) -> Server:
+    """Listen on ``settings.host:settings.ws_port``; each connection is served by ``edges``,
+    its payloads read only as ``governor`` grants them."""
 
     def check_path(conn: ServerConnection, request: Request) -> Response | None:
         if request.path.split("?", 1)[0] != INGEST_PATH:
@@ -70,14 +220,20 @@ async def start_ws_server(edges: Edges, settings: Settings, metrics: BridgeMetri
             return conn.respond(503, "draining\n")
         return None
 
+    class Connection(GovernedConnection):
+        pass
+
+    Connection.governor = governor
+
     async def handler(ws: ServerConnection) -> None:
+        assert isinstance(ws, GovernedConnection)
         sock = ws.transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport = WsTransport(ws)
         token = _bearer(ws.request.headers) if ws.request is not None else ""
         try:
-            await edges.serve(transport, token)
+            await edges.serve(transport, token, certificate_names(ws.transport))
         except MalformedMessage as exc:  # a text frame: refuse like any malformed message
             metrics.rejected.labels("ws", exc.reason).inc()
             await transport.reject(exc)
@@ -96,7 +252,9 @@ async def start_ws_server(edges: Edges, settings: Settings, metrics: BridgeMetri
         compression=None,
         # websockets enforces the size (closing with 1009) before we ever see the bytes.
         max_size=settings.max_frame_bytes,
-        max_queue=16,
+        # Stop reading once one message waits unread; every payload byte is granted first.
+        max_queue=1,
+        create_connection=Connection,
         ping_interval=settings.ping_interval_seconds,
         ping_timeout=settings.ping_timeout_seconds,
         close_timeout=2.0,

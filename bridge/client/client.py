@@ -70,9 +70,11 @@ class EdgeClient:
     Limits: the resend buffer holds every frame not yet *delivered*, bounded by
     ``resend_buffer_bytes`` and ``resend_buffer_frames``. With ``wait_for_room`` (the default),
     ``publish`` on a stream that is not "drop_oldest" waits while the bridge has paused it or the
-    buffer is full; otherwise the oldest buffered frame is evicted and counted in
-    ``stats.dropped``. ``on_delivered(stream_id, seq, capture_time_ns, now_ns)`` is called once
-    per delivered frame, on the event loop.
+    buffer is full, and a "drop_oldest" stream makes room by evicting its own kind's oldest frames
+    (counted in ``stats.dropped``), never another stream's. ``wait_for_room=False`` is open loop
+    (the load generator): publish never waits and the oldest frame of any stream is evicted.
+    ``on_delivered(stream_id, seq, capture_time_ns, now_ns)`` is called once per delivered frame,
+    on the event loop.
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class EdgeClient:
             resend_buffer_frames=resend_buffer_frames,
             stats=self.stats,
             on_delivered=on_delivered,
+            protect_backpressure=wait_for_room,
         )
         self.token = token or ""
         self.tls = tls

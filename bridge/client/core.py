@@ -178,6 +178,7 @@ class EdgeCore:
         resend_buffer_frames: int,
         stats: EdgeStats | None = None,
         on_delivered: DeliveryHook | None = None,
+        protect_backpressure: bool = True,
     ) -> None:
         if not device_id:
             raise ValueError("device_id must not be empty")
@@ -193,6 +194,8 @@ class EdgeCore:
         self.max_frames = resend_buffer_frames
         self.stats = stats if stats is not None else EdgeStats()
         self.on_delivered = on_delivered
+        #: Evict only drop_oldest streams' frames from a full buffer (False: any stream's).
+        self.protect_backpressure = protect_backpressure
         self.session_id = ""
         self.welcomed = False
         self.session_paused = False
@@ -250,32 +253,42 @@ class EdgeCore:
         self.buffered_bytes += entry.nbytes
         self.buffered_frames += 1
         self.stats.published += 1
-        # The newest frame always stays: evicting it would make publish a no-op.
-        while (
-            self.buffered_frames > self.max_frames or self.buffered_bytes > self.max_bytes
-        ) and self.buffered_frames > 1:
-            self._evict_oldest(keep=entry)
+        while self.buffered_frames > self.max_frames or self.buffered_bytes > self.max_bytes:
+            if not self._evict_oldest(entry):
+                break  # only protected frames (or the new one) left: over by this frame at most
         return entry.seq
 
-    def _evict_oldest(self, keep: Entry) -> None:
-        """Evict the oldest frame never sent, else the oldest one, never ``keep`` (the newest).
-        Why unsent first: a frame already sent may be in the bridge's hands and get delivered;
-        dropping it would count it twice (dropped and delivered) and lose its resend."""
+    def _evict_oldest(self, newest: Entry) -> bool:
+        """Drop the oldest evictable frame, preferring frames never sent. The newest frame
+        always stays (evicting it would make publish a no-op), and backpressure streams'
+        frames stay when protected: a drop_oldest stream must never cost a stream that
+        promises not to drop. Why unsent first: a frame already sent may be in the bridge's
+        hands and get delivered; dropping it would count it twice (dropped and delivered) and
+        lose its resend."""
+        streams = [
+            s
+            for s in self.streams.values()
+            if not self.protect_backpressure or not s.spec.waits_for_room
+        ]
         victim: Entry | None = None
-        for s in self.streams.values():
+        oldest: Entry | None = None
+        for s in streams:
             for e in s.buf.values():
-                if e.transmissions == 0 and e is not keep:
+                if e is newest:
+                    break
+                if oldest is None or e.order < oldest.order:
+                    oldest = e
+                if e.transmissions == 0:
                     if victim is None or e.order < victim.order:
                         victim = e
                     break
+        victim = victim or oldest
         if victim is None:
-            victim = min(
-                (next(iter(s.buf.values())) for s in self.streams.values() if s.buf),
-                key=lambda e: e.order,
-            )
+            return False
         entry = self.streams[victim.stream_id].buf.pop(victim.seq)
         self._forget(entry)
         self.stats.dropped += 1
+        return True
 
     def _forget(self, entry: Entry) -> None:
         self.buffered_bytes -= entry.nbytes

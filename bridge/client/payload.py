@@ -33,7 +33,7 @@ from bridge.v1 import bridge_pb2 as pb
 
 Kind = Literal["point_cloud", "telemetry"]
 Payload: TypeAlias = (
-    "npt.NDArray[np.generic] | pb.PointCloud | pb.Telemetry | bytes | Mapping[str, float]"
+    npt.NDArray[np.generic] | pb.PointCloud | pb.Telemetry | bytes | Mapping[str, float]
 )
 
 

@@ -31,7 +31,18 @@ class SyncEdgeClient:
         edge.drain(timeout=10)
     """
 
-    def __init__(self, url: str, *, device_id: str, streams: Sequence[StreamSpec], **kw: Any):
+    def __init__(
+        self,
+        url: str,
+        *,
+        device_id: str,
+        streams: Sequence[StreamSpec],
+        start_timeout: float = 10.0,
+        **kw: Any,
+    ) -> None:
+        """``start_timeout``: how long ``with`` waits for the first Welcome; ``kw`` as for
+        :class:`EdgeClient`."""
+        self.start_timeout = start_timeout
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name=f"edge-loop-{device_id}", daemon=True
@@ -69,7 +80,11 @@ class SyncEdgeClient:
         return self.client.undelivered
 
     def __enter__(self) -> SyncEdgeClient:
-        self.start()
+        try:
+            self.start(self.start_timeout)
+        except BaseException:
+            self.close()  # no loop thread left behind when the bridge cannot be reached
+            raise
         return self
 
     def __exit__(

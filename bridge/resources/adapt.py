@@ -49,7 +49,7 @@ class AdaptTarget(Protocol):
     """What the data plane exposes to the adapter (implemented in the data plane)."""
 
     def resize_workers(self, workers: int) -> None: ...
-    def set_ring_budget(self, total_bytes: int, per_stream_floor: int) -> None: ...
+    def set_memory_budget(self, budget_bytes: int, reserve_bytes: int) -> None: ...
     def set_gpu_healthy(self, healthy: bool) -> None: ...  # decimation backend to CPU and back
     def active_streams(self) -> int: ...
     def memory_baseline_bytes(self) -> int: ...  # measured at startup
@@ -341,11 +341,11 @@ class Adapter:
             if prev is None or plan.workers != prev.workers:
                 self.target.resize_workers(plan.workers)
                 changes.append(f"workers {prev.workers if prev else '-'}->{plan.workers}")
-            ring = (plan.ring_budget_bytes, plan.per_stream_floor_bytes)
-            if prev is None or ring != (prev.ring_budget_bytes, prev.per_stream_floor_bytes):
-                self.target.set_ring_budget(plan.ring_budget_bytes, plan.per_stream_floor_bytes)
-                before = format_bytes(prev.ring_budget_bytes) if prev else "-"
-                changes.append(f"ring {before}->{format_bytes(plan.ring_budget_bytes)}")
+            memory = (plan.data_budget_bytes, plan.reserve_bytes)
+            if prev is None or memory != (prev.data_budget_bytes, prev.reserve_bytes):
+                self.target.set_memory_budget(plan.data_budget_bytes, plan.reserve_bytes)
+                before = format_bytes(prev.data_budget_bytes) if prev else "-"
+                changes.append(f"memory budget {before}->{format_bytes(plan.data_budget_bytes)}")
             if prev is None or plan.gpu_healthy != prev.gpu_healthy:
                 self.target.set_gpu_healthy(plan.gpu_healthy)
                 changes.append(f"gpu {'healthy' if plan.gpu_healthy else 'off (CPU)'}")

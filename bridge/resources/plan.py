@@ -2,9 +2,13 @@
 (docs/design.md §4).
 
     workers   = clamp(ceil(cpu quota), 1, CPUs in the affinity set)
-    ring      = fraction * (memory limit - measured baseline - headroom); unlimited → a fixed cap
-    per stream= ring split fairly over the active streams, never below a per-stream floor
+    budget    = memory limit - measured baseline - headroom; unlimited → a fixed cap
+    reserve   = reserve_fraction * budget  (forward progress: decimation, pushes in flight)
+    ring      = budget - reserve: what transport receive and the rings may hold together
+    per stream= ring split fairly over the active streams, no floor (a larger frame borrows)
     GPU batch = points that fit in a fraction of the free memory of the device we use
+
+The budget is what :class:`bridge.governor.Governor` charges every byte held for data to.
 
 The effective memory limit is the smallest of: the cgroup's ``memory.max`` (v1
 ``memory.limit_in_bytes``), ``memory.high`` (above it the kernel throttles by reclaim), and — the
@@ -35,9 +39,8 @@ class PlanSettings:
     """Tunables of the plan; sizes in bytes. Defaults suit a 1-16 core, 1-64 GiB pod."""
 
     # Memory
-    ring_fraction: float = 0.5
+    reserve_fraction: float = 0.25
     headroom_bytes: int = 64 * MiB
-    per_stream_floor_bytes: int = 1 * MiB
     unlimited_memory_cap_bytes: int = 1 * GiB
     use_memory_high: bool = True
     # CPU
@@ -52,13 +55,13 @@ class PlanSettings:
 
     def __post_init__(self) -> None:
         problems = []
-        if not 0 < self.ring_fraction <= 1:
-            problems.append(f"ring_fraction must be in (0, 1], got {self.ring_fraction}")
+        if not 0 <= self.reserve_fraction < 1:
+            problems.append(f"reserve_fraction must be in [0, 1), got {self.reserve_fraction}")
         if not 0 < self.gpu_memory_fraction <= 1:
             problems.append(
                 f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
             )
-        for name in ("headroom_bytes", "per_stream_floor_bytes", "unlimited_memory_cap_bytes"):
+        for name in ("headroom_bytes", "unlimited_memory_cap_bytes"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if self.gpu_bytes_per_point <= 0:
@@ -74,9 +77,10 @@ class PlanSettings:
 @dataclass(frozen=True, slots=True)
 class Plan:
     workers: int
-    ring_budget_bytes: int
-    per_stream_bytes: int
-    per_stream_floor_bytes: int
+    data_budget_bytes: int  # the governor's budget: every byte held for data
+    reserve_bytes: int  # part of it kept for forward progress
+    ring_budget_bytes: int  # admission limit = data budget - reserve
+    per_stream_bytes: int  # fair share of the admission limit
     gpu_batch_points: int  # 0: decimate on the CPU
     gpu_healthy: bool
     cpu_limit_cores: float | None  # None: unlimited
@@ -156,7 +160,9 @@ def effective_memory_limit(snap: Snapshot, s: PlanSettings) -> tuple[int | None,
     return value, why
 
 
-def _ring(snap: Snapshot, s: PlanSettings, reasons: dict[str, str]) -> tuple[int, int, int | None]:
+def _ring(
+    snap: Snapshot, s: PlanSettings, reasons: dict[str, str]
+) -> tuple[int, int, int, int | None]:
     limit, why = effective_memory_limit(snap, s)
     reasons["memory_limit_bytes"] = (
         f"unlimited: {why}" if limit is None else (f"{format_bytes(limit)} from {why}")
@@ -164,24 +170,27 @@ def _ring(snap: Snapshot, s: PlanSettings, reasons: dict[str, str]) -> tuple[int
     streams = max(0, snap.workload.active_streams)
     if limit is None:
         budget = s.unlimited_memory_cap_bytes
-        reasons["ring_budget_bytes"] = (
+        reasons["data_budget_bytes"] = (
             f"memory unlimited → configured cap {format_bytes(budget)} (unlimited_memory_cap_bytes)"
         )
     else:
-        available = limit - snap.workload.baseline_bytes - s.headroom_bytes
-        budget = max(0, math.floor(s.ring_fraction * available))
-        reasons["ring_budget_bytes"] = (
-            f"{s.ring_fraction:g} * ({format_bytes(limit)} limit - "
-            f"{format_bytes(snap.workload.baseline_bytes)} baseline - "
-            f"{format_bytes(s.headroom_bytes)} headroom) = {format_bytes(budget)}"
+        budget = max(0, limit - snap.workload.baseline_bytes - s.headroom_bytes)
+        reasons["data_budget_bytes"] = (
+            f"{format_bytes(limit)} limit - {format_bytes(snap.workload.baseline_bytes)} "
+            f"baseline - {format_bytes(s.headroom_bytes)} headroom = {format_bytes(budget)}"
         )
-    floor = s.per_stream_floor_bytes
-    share = max(floor, budget // streams) if streams else budget
-    note = f"{format_bytes(budget)} / {streams} active streams, floor {format_bytes(floor)}"
-    if streams and budget // streams < floor:
-        note += " (floor wins: the rings together exceed the budget)"
-    reasons["per_stream_bytes"] = note
-    return budget, share, limit
+    reserve = math.floor(s.reserve_fraction * budget)
+    ring = budget - reserve
+    reasons["reserve_bytes"] = f"{s.reserve_fraction:g} * budget = {format_bytes(reserve)}"
+    reasons["ring_budget_bytes"] = (
+        f"budget - reserve = {format_bytes(ring)} (transport receive + rings together)"
+    )
+    share = ring // streams if streams else ring
+    reasons["per_stream_bytes"] = (
+        f"{format_bytes(ring)} / {streams} active streams, no floor "
+        "(a frame above its share waits for room in the whole admission limit)"
+    )
+    return budget, reserve, share, limit
 
 
 def _pick_device(gpu: GpuReading, devices: tuple[AllocatedDevice, ...]) -> GpuDevice | None:
@@ -246,15 +255,16 @@ def make_plan(snapshot: Snapshot, settings: PlanSettings | None = None) -> Plan:
     s = settings or PlanSettings()
     reasons: dict[str, str] = {}
     workers, cores = _workers(snapshot, s, reasons)
-    budget, share, limit = _ring(snapshot, s, reasons)
+    budget, reserve, share, limit = _ring(snapshot, s, reasons)
     batch, healthy = _gpu(snapshot, s, reasons)
     if snapshot.cgroup.problems:
         reasons["problems"] = "; ".join(snapshot.cgroup.problems)
     return Plan(
         workers=workers,
-        ring_budget_bytes=budget,
+        data_budget_bytes=budget,
+        reserve_bytes=reserve,
+        ring_budget_bytes=budget - reserve,
         per_stream_bytes=share,
-        per_stream_floor_bytes=s.per_stream_floor_bytes,
         gpu_batch_points=batch,
         gpu_healthy=healthy,
         cpu_limit_cores=cores,

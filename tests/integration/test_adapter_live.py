@@ -29,6 +29,17 @@ K8S = Path(__file__).resolve().parent.parent / "fixtures" / "k8s"
 REPO = str(Path(__file__).resolve().parents[2])
 MiB = 1 << 20
 GiB = 1 << 30
+
+
+def mem(budget: int) -> tuple[int, int]:
+    """(data budget, reserve) the default plan applies for ``budget``."""
+    return budget, budget // 4
+
+
+def ring_of(budget: int) -> int:
+    return budget - budget // 4
+
+
 RESIZE = "/api/v1/namespaces/sim/pods/sim-bridge-0/resize"
 MIG_UUID = "MIG-4d5e6f7a-8b9c-5d0e-1f2a-3b4c5d6e7f80"  # the claimed device in the fixtures
 MIG_ID = "gpu.nvidia.com/gpu-node-a/gpu-0-mig-3g40gb-9-4"
@@ -55,7 +66,7 @@ async def eventually(pred: Callable[[], bool], within: float = 3.0) -> None:
 
 
 class FakeTarget:
-    """Records calls; ``probe`` runs inside set_ring_budget (to see the world at apply time)."""
+    """Records calls; ``probe`` runs inside set_memory_budget (to see the world at apply time)."""
 
     def __init__(self, streams: int = 2, baseline: int = 0) -> None:
         self.calls: list[tuple[str, Any, float]] = []
@@ -71,11 +82,11 @@ class FakeTarget:
         self.calls.append(("workers", workers, time.monotonic()))
         self.workers = workers
 
-    def set_ring_budget(self, total_bytes: int, per_stream_floor: int) -> None:
-        self.calls.append(("ring", total_bytes, time.monotonic()))
-        self.ring = (total_bytes, per_stream_floor)
+    def set_memory_budget(self, budget_bytes: int, reserve_bytes: int) -> None:
+        self.calls.append(("ring", budget_bytes, time.monotonic()))
+        self.ring = (budget_bytes, reserve_bytes)
         if self.probe is not None:
-            self.probed.append((total_bytes, self.probe()))
+            self.probed.append((budget_bytes, self.probe()))
 
     def set_gpu_healthy(self, healthy: bool) -> None:
         self.calls.append(("gpu", healthy, time.monotonic()))
@@ -221,7 +232,7 @@ async def test_live_cgroup_change_is_detected_and_applied_fast(cg: Path) -> None
     async with adapter:
         # the first plan is applied before start() returns
         assert target.workers == 2
-        assert target.ring == ((GiB - 128 * MiB - 64 * MiB) // 2, MiB)
+        assert target.ring == mem(GiB - 128 * MiB - 64 * MiB)
         assert target.gpu_healthy is False  # no NVML probe: CPU
         assert sample(registry, "bridge_limit_cpu_cores") == 2.0
         assert sample(registry, "bridge_plan_workers") == 2
@@ -233,7 +244,7 @@ async def test_live_cgroup_change_is_detected_and_applied_fast(cg: Path) -> None
         assert applied - written < 0.5, "cpu.max change not applied within 500 ms"
 
         write(cg / "memory.max", str(512 * MiB))
-        await eventually(lambda: target.ring == ((512 * MiB - 192 * MiB) // 2, MiB))
+        await eventually(lambda: target.ring == mem(512 * MiB - 192 * MiB))
         write(cg / "cpu.max", "max 100000")
         await eventually(lambda: target.workers == 8)  # unlimited -> all 8 CPUs
         assert sample(registry, "bridge_limit_cpu_cores") == float("inf")
@@ -269,7 +280,7 @@ async def test_malformed_file_is_reported_and_the_rest_still_adapts(cg: Path) ->
         assert "period must be > 0" in adapter.describe()["cgroup"]["problems"][0]
         assert target.workers == 4  # no quota known: all CPUs
         write(cg / "memory.max", str(256 * MiB))
-        await eventually(lambda: target.ring == ((256 * MiB - 64 * MiB) // 2, MiB))
+        await eventually(lambda: target.ring == mem(256 * MiB - 64 * MiB))
     # an unreadable cpu.max is not a cpu resize; the memory change is one
     assert sample(registry, "bridge_resize_events_total", resource="cpu", direction="up") == 0
     assert sample(registry, "bridge_resize_events_total", resource="memory", direction="down") == 1
@@ -284,12 +295,12 @@ async def test_workload_change_replans_shares(cg: Path) -> None:
         settings=AdapterSettings(poll_interval=0.01, slow_interval=0.02),
     )
     async with adapter:
-        assert adapter.plan is not None and adapter.plan.per_stream_bytes == (GiB - 64 * MiB) // 2
+        assert adapter.plan is not None and adapter.plan.per_stream_bytes == ring_of(GiB - 64 * MiB)
         target.streams = 4
         await eventually(
             lambda: (
                 adapter.plan is not None
-                and adapter.plan.per_stream_bytes == (GiB - 64 * MiB) // 2 // 4
+                and adapter.plan.per_stream_bytes == ring_of(GiB - 64 * MiB) // 4
             )
         )
 
@@ -304,7 +315,7 @@ async def test_cooperative_downscale_plans_before_the_kubelet_applies(
     sim, adapter, target, registry, client = await stack("pod-resize-done.json", target=target)
     root = tmp_path / "cg-sim"
     await eventually(lambda: adapter.describe()["pod"] is not None)
-    assert target.ring == ((12 * GiB - 64 * MiB) // 2, MiB)
+    assert target.ring == mem(12 * GiB - 64 * MiB)
     target.probe = lambda: (root / "memory.max").read_text().strip()
 
     assert sim.cgroup is not None
@@ -326,8 +337,8 @@ async def test_cooperative_downscale_plans_before_the_kubelet_applies(
         },
     )
 
-    small = (6 * GiB - 64 * MiB) // 2
-    await eventually(lambda: target.ring == (small, MiB))
+    small = 6 * GiB - 64 * MiB
+    await eventually(lambda: target.ring == mem(small))
     # applied while the cgroup still had the old 12 GiB limit
     assert target.probed[-1] == (small, str(12 * GiB))
     await eventually(lambda: (sim.condition("PodResizeInProgress") or {}).get("reason") == "Error")
@@ -346,9 +357,9 @@ async def test_cooperative_downscale_plans_before_the_kubelet_applies(
             sample(registry, "bridge_resize_events_total", resource="memory", direction="down") == 1
         )
     )
-    assert target.ring == (small, MiB)  # nothing more to do: already planned for 6 GiB
+    assert target.ring == mem(small)  # nothing more to do: already planned for 6 GiB
     assert [v for kind, v, _ in target.calls if kind == "ring"][-2:] == [
-        (12 * GiB - 64 * MiB) // 2,
+        12 * GiB - 64 * MiB,
         small,
     ]  # and it never bounced back up while the kubelet caught up
 
@@ -436,7 +447,7 @@ async def test_from_settings_env_form(cg: Path) -> None:
             "BRIDGE_POD_NAMESPACE": "sim",
         }
         target = FakeTarget()
-        settings = AdapterSettings(poll_interval=0.01, plan=PlanSettings(ring_fraction=0.25))
+        settings = AdapterSettings(poll_interval=0.01, plan=PlanSettings(reserve_fraction=0.5))
         adapter = Adapter.from_settings(
             target,
             CollectorRegistry(),
@@ -446,7 +457,7 @@ async def test_from_settings_env_form(cg: Path) -> None:
         )
         async with adapter:
             await eventually(lambda: adapter.describe()["pod"] is not None)
-            assert target.ring == ((GiB - 64 * MiB) // 4, MiB)
+            assert target.ring == (GiB - 64 * MiB, (GiB - 64 * MiB) // 2)
         no_cluster = Adapter.from_settings(
             FakeTarget(), CollectorRegistry(), settings_mod.Settings(cgroup_root=str(cg))
         )
@@ -542,7 +553,7 @@ with open(sys.argv[1] + "/cgroup.procs", "w") as f:
 
 class T:
     def resize_workers(self, w): pass
-    def set_ring_budget(self, t, f): pass
+    def set_memory_budget(self, t, f): pass
     def set_gpu_healthy(self, h): pass
     def active_streams(self): return 1
     def memory_baseline_bytes(self): return 0

@@ -8,6 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from bridge.app import BridgeService
+from bridge.errors import StartupError
 from tests.integration.harness import bridge_settings
 
 
@@ -28,7 +29,7 @@ async def test_start_closes_grpc_when_the_websocket_port_is_taken(free_port: int
         service = BridgeService(
             bridge_settings(ws_port=ws_port, grpc_port=free_port), CollectorRegistry()
         )
-        with pytest.raises(OSError):
+        with pytest.raises(StartupError, match="WebSocket"):
             await service.start()
         assert not service.ready
         assert _port_is_free(free_port), "the gRPC listener outlived the failed start"

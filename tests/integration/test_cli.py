@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import sys
 from typing import Any
 
 from bridge import settings as settings_mod
+from bridge.resources.from_settings import RESERVE_FRACTION
 from bridge.settings_help import HELP
 from tests.integration.harness import ROOT, http_get, running_bridge, ws_url
 
@@ -119,7 +121,9 @@ async def test_resources_prints_the_plan_serve_applies() -> None:
             env["BRIDGE_RING_BUDGET_BYTES"] = str(budget)
         data = await asyncio.to_thread(_resources_json, env)
         planned = data["plan"]["ring_budget_bytes"]["value"]
-        assert planned == (budget or settings_mod.Settings().ring_budget_bytes)
+        data_budget = budget or settings_mod.Settings().ring_budget_bytes
+        # the rings get the data budget less the governor's forward-progress reserve
+        assert planned == data_budget - math.floor(RESERVE_FRACTION * data_budget)
         assert planned == await _serve_ring_budget(env)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -273,3 +274,14 @@ async def test_sync_client_publishes_arrays_from_a_plain_thread(transport: str) 
     assert clouds[2].point_stride == 12 and clouds[2].data == xyz.tobytes()
     status = next(f for f in received if f.stream_id == "status")
     assert dict(status.telemetry.values) == {"battery": 0.8}
+
+
+def test_sync_client_that_cannot_connect_raises_and_leaves_no_thread(free_port: int) -> None:
+    before = {t.name for t in threading.enumerate()}
+    url = f"grpc://127.0.0.1:{free_port}"
+    with (
+        pytest.raises(ConnectionError, match="no Welcome"),
+        SyncEdgeClient(url, device_id="d", streams=[StreamSpec("a")], start_timeout=0.3),
+    ):
+        pass
+    assert {t.name for t in threading.enumerate()} == before

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -367,3 +368,130 @@ async def test_churning_device_ids_keep_every_structure_bounded() -> None:
         assert len(service.core.sessions) <= 8
         assert len(service.core.streams) <= 8
         assert service.edges.tracked_streams <= 8
+
+
+# -- 1b. per-device credentials -----------------------------------------------------------------
+
+
+async def test_per_device_tokens_bind_device_ids_and_let_a_device_take_over_its_session(
+    tmp_path: Path,
+) -> None:
+    from bridge.credentials import token_digest
+
+    tokens = tmp_path / "devices"
+    tokens.write_text(f"robot-1 {token_digest('r1-secret')}\nrobot-2 {token_digest('r2')}\n")
+    async with bridge(f"--device-tokens-file={tokens}") as b:
+
+        async def say_hello(device: str, token: str) -> pb.BridgeMessage:
+            async with connect(b.ws_url, compression=None) as ws:
+                await ws.send(hello(device, "lidar", auth_token=token).SerializeToString())
+                return pb.BridgeMessage.FromString(await asyncio.wait_for(ws.recv(), 5))
+
+        # robot-2's token does not speak for robot-1, nor does no token
+        assert (await say_hello("robot-1", "r2")).error.code == pb.UNAUTHENTICATED
+        assert (await say_hello("robot-1", "")).error.code == pb.UNAUTHENTICATED
+        device = EdgeClient(
+            "ws",
+            b.ws_url,
+            "robot-1",
+            [StreamConfig("lidar", passthrough=True)],
+            auth_token="r1-secret",
+        )
+        await device.start()
+        try:
+            # The device itself (its own token, no resume token: a restart that lost it) may
+            # take over its live session; the old connection is closed as superseded.
+            async with connect(b.ws_url, compression=None) as ws:
+                again = hello("robot-1", "lidar", auth_token="r1-secret")
+                await ws.send(again.SerializeToString())
+                reply = pb.BridgeMessage.FromString(await asyncio.wait_for(ws.recv(), 5))
+                assert reply.WhichOneof("kind") == "welcome" and reply.welcome.resumed
+            assert await wait_until(lambda: device.stats.disconnects >= 1, timeout=10)
+        finally:
+            await device.close()
+
+
+# -- 4b. the worst legal frames cost their sender, not a well-behaved edge ---------------------
+
+
+async def test_worst_legal_frames_leave_a_good_edge_fast() -> None:
+    """An attacker sends the costliest frames the limits allow (100k-point clouds with the
+    smallest point budget and a tiny voxel: the most ladder passes; telemetry maps at the entry
+    limit) while a well-behaved edge publishes small frames. Before the ladder was bounded a
+    good edge's p50 reached seconds; the bound here is generous for a loaded CI machine."""
+    import numpy as np
+
+    from tests.integration.harness import xyz_cloud
+
+    async with bridge("--workers=1", "--max-telemetry-entries=4096") as b:
+        good = EdgeClient(
+            "grpc", f"127.0.0.1:{b.grpc}", "good", [StreamConfig("s", passthrough=True)]
+        )
+        await good.start()
+        stop = asyncio.Event()
+
+        async def attack() -> None:
+            rng = np.random.default_rng(1)
+            cloud = xyz_cloud(rng.uniform(-50, 50, (100_000, 3)))
+            specs = [
+                pb.StreamSpec(stream_id="c", kind=pb.POINT_CLOUD, voxel_size=1e-6, max_points=8),
+                pb.StreamSpec(stream_id="t", kind=pb.TELEMETRY),
+            ]
+            async with connect(b.ws_url, compression=None, max_size=None) as ws:
+                await ws.send(
+                    pb.EdgeMessage(
+                        hello=pb.Hello(device_id="evil", streams=specs)
+                    ).SerializeToString()
+                )
+                await ws.recv()
+                seq = 0
+                while not stop.is_set():
+                    seq += 1
+                    await ws.send(
+                        pb.EdgeMessage(
+                            frame=pb.Frame(stream_id="c", seq=seq, point_cloud=cloud)
+                        ).SerializeToString()
+                    )
+                    tele = pb.Frame(stream_id="t", seq=seq)
+                    tele.telemetry.values.update({f"k{i}": float(i) for i in range(4096)})
+                    await ws.send(pb.EdgeMessage(frame=tele).SerializeToString())
+                    with contextlib.suppress(TimeoutError):
+                        while True:  # read whatever came back (acks, PAUSE) without waiting
+                            await asyncio.wait_for(ws.recv(), 0.001)
+
+        attacker = asyncio.create_task(attack())
+        try:
+            await asyncio.sleep(1.0)  # the attack is under way
+            for _ in range(100):
+                await good.publish("s", synthetic(32).to_proto())
+                await asyncio.sleep(0.03)
+            assert await good.wait_delivered(30), str(good.stats.as_dict())
+        finally:
+            stop.set()
+            attacker.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
+                await attacker
+            await good.close()
+        latencies = sorted(good.stats.latency_ns)
+        assert len(latencies) >= 100
+        p99 = latencies[int(0.99 * (len(latencies) - 1))] / 1e9
+        assert p99 < 2.0, f"good edge p99 {p99:.2f} s under attack"
+
+
+async def test_ring_capacity_gauge_follows_streams_added_after_a_plan() -> None:
+    from tests.integration.harness import metric, running_bridge, ws_url
+
+    async with (
+        running_bridge(ring_budget_bytes=64 << 20) as service,
+        connect(ws_url(service), compression=None) as first,
+    ):
+        await first.send(hello("a", "lidar").SerializeToString())
+        await first.recv()
+        one = metric(service, "bridge_ring_capacity_bytes")
+        async with connect(ws_url(service), compression=None) as second:
+            await second.send(hello("b", "lidar", "depth").SerializeToString())
+            await second.recv()
+            assert metric(service, "bridge_ring_capacity_bytes") == (
+                service.core.ring_capacity_per_stream
+            )
+            assert metric(service, "bridge_ring_capacity_bytes") < one

@@ -24,13 +24,33 @@ async def test_bridge_trims_the_heap_once_after_a_shrink_drains(
 ) -> None:
     calls: list[int] = []
     monkeypatch.setattr(app_mod, "release_free_heap", lambda: calls.append(1) or True)
+    monkeypatch.setattr(app_mod, "heap_slack_exceeded", lambda *a: False)  # the other trigger
     async with running_bridge(ring_budget_bytes=256 << 20, max_frame_bytes=1 << 20) as bridge:
         assert bridge.capacity is not None
-        bridge.capacity.set_ring_budget(512 << 20, 1 << 20)  # a grow does nothing...
+        bridge.capacity.set_memory_budget(512 << 20, 128 << 20)  # a grow does nothing...
         assert not await wait_until(lambda: bool(calls), timeout=0.6)
-        bridge.capacity.set_ring_budget(64 << 20, 1 << 20)  # ...a shrink trims once it has drained
+        bridge.capacity.set_memory_budget(64 << 20, 16 << 20)  # ...a shrink trims once drained
         assert await wait_until(lambda: len(calls) == 1, timeout=3)
         assert not await wait_until(lambda: len(calls) > 1, timeout=0.6)
+
+
+async def test_bridge_trims_when_the_heap_holds_much_more_than_the_data_charged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(app_mod, "release_free_heap", lambda: calls.append(1) or True)
+    async with running_bridge() as bridge:
+        slack = bridge._trim_slack
+        monkeypatch.setattr(app_mod, "_rss_bytes", lambda: bridge._baseline_rss + slack // 2)
+        assert not await wait_until(lambda: bool(calls), timeout=0.6)
+        monkeypatch.setattr(app_mod, "_rss_bytes", lambda: bridge._baseline_rss + slack + 1)
+        assert await wait_until(lambda: len(calls) == 1, timeout=2)
+        assert not await wait_until(lambda: len(calls) > 1, timeout=0.5)  # at most once a second
+
+
+def test_heap_slack_is_what_the_governor_does_not_account_for() -> None:
+    assert memtrim.heap_slack_exceeded(rss=300, baseline=100, charged=150, slack=49)
+    assert not memtrim.heap_slack_exceeded(rss=300, baseline=100, charged=150, slack=50)
 
 
 def test_tune_allocator_is_accepted_by_glibc_or_reports_why_not(

@@ -114,3 +114,39 @@ def test_tls_settings_are_validated(tmp_path: Path) -> None:
     assert "tls_cert_file and tls_key_file" in text
     assert "sink_cert_file and sink_key_file" in text
     assert "not a readable file" in text
+
+
+async def test_device_id_bound_to_the_client_certificate(pki: Path) -> None:
+    """With ``bind_device_to_certificate`` a device id must be a name in the client certificate
+    (here its CN, ``edge-or-bridge``), on both transports."""
+    async with running_bridge(
+        passthrough=True,
+        tls_cert_file=str(pki / "server.pem"),
+        tls_key_file=str(pki / "server.key"),
+        tls_client_ca_file=str(pki / "ca.pem"),
+        bind_device_to_certificate=True,
+    ) as bridge:
+        assert bridge.ports is not None
+        url = f"wss://127.0.0.1:{bridge.ports.ws}/v1/ingest"
+        client_ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        client_ctx.load_cert_chain(str(pki / "client.pem"), str(pki / "client.key"))
+        for device, expected in (("edge-or-bridge", "welcome"), ("someone-else", "error")):
+            async with connect(url, ssl=client_ctx, compression=None) as ws:
+                await ws.send(hello(device, "lidar").SerializeToString())
+                reply = pb.BridgeMessage.FromString(await ws.recv(decode=False))
+                assert reply.WhichOneof("kind") == expected, device
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=(pki / "ca.pem").read_bytes(),
+            private_key=(pki / "client.key").read_bytes(),
+            certificate_chain=(pki / "client.pem").read_bytes(),
+        )
+        async with grpc.aio.secure_channel(f"127.0.0.1:{bridge.ports.grpc}", creds) as channel:
+            for device, expected in (("someone-else", "error"), ("edge-or-bridge", "welcome")):
+                call = channel.stream_stream(
+                    "/bridge.v1.Ingest/Connect",
+                    request_serializer=None,
+                    response_deserializer=pb.BridgeMessage.FromString,
+                )()
+                await call.write(hello(device, "lidar").SerializeToString())
+                assert (await call.read()).WhichOneof("kind") == expected, device
+                call.cancel()

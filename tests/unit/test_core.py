@@ -9,6 +9,7 @@ from bridge import codec
 from bridge.core import BridgeCore, CoreConfig, Offer
 from bridge.egress import frame_bytes
 from bridge.errors import (
+    FrameNeverFits,
     InvalidLayout,
     ProtocolViolation,
     SeqRegression,
@@ -18,6 +19,7 @@ from bridge.errors import (
     TooManyStreams,
     UnknownStream,
 )
+from bridge.governor import Component, Governor
 from bridge.ring import Entry, Policy
 from bridge.session import Session, Stream
 from bridge.v1 import bridge_pb2 as pb
@@ -59,11 +61,12 @@ def make_core(**overrides: object) -> tuple[BridgeCore, Recorder]:
         default_voxel_size=0.1,
         default_policy=Policy.BACKPRESSURE,
         default_passthrough=False,
-        ring_budget_bytes=int(overrides.pop("budget", 100_000)),  # type: ignore[call-overload]
-        ring_floor_bytes=0,
+        session_bytes=int(overrides.pop("session_bytes", 0)),  # type: ignore[call-overload]
+        stream_bytes=0,
     )
     rec = Recorder()
-    return BridgeCore(cfg, rec), rec
+    budget = int(overrides.pop("budget", 100_000))  # type: ignore[call-overload]
+    return BridgeCore(cfg, rec, Governor(budget)), rec
 
 
 def hello(device: str = "dev", streams: tuple[str, ...] = ("lidar",), **kw: object) -> pb.Hello:
@@ -217,16 +220,66 @@ def test_watermarks_mark_frames_delivered_and_future_resends_duplicate() -> None
     assert [e.seq for e in stream.ring] == [7] and stream.delivered_seq == 6
 
 
-def test_ring_budget_split_with_floor_and_shrink_is_backpressure() -> None:
+def test_ring_budget_split_fairly_and_shrink_is_backpressure() -> None:
     core, _ = make_core(max_frame_bytes=100, budget=1000)
     s, _ = attach(core, hello(streams=("a", "b")), "c")
     assert core.ring_capacity_per_stream == 500
     for seq in range(1, 5):
         assert core.offer(s, cloud_frame("a", seq), 100, 0) is Offer.ACCEPTED
-    core.set_ring_budget(200, 0)
-    assert core.ring_capacity_per_stream == 100  # budget/2, never below one frame
+    core.set_memory_budget(200, 0)
+    assert core.ring_capacity_per_stream == 100  # budget/2
     assert len(s.streams["a"].ring) == 4, "backpressure: a shrink keeps every frame"
     assert core.offer(s, cloud_frame("a", 5), 100, 0) is Offer.FULL
+
+
+def test_no_floor_a_frame_above_its_share_is_admitted_only_into_an_empty_ring() -> None:
+    core, _ = make_core(max_frame_bytes=10_000, budget=1000, max_streams=8)
+    s, _ = attach(core, hello(streams=tuple("abcdefgh")), "c")
+    assert core.ring_capacity_per_stream == 125  # 1000 / 8 streams, not max_frame_bytes
+    assert core.offer(s, cloud_frame("a", 1), 400, 0) is Offer.ACCEPTED  # borrows
+    assert core.offer(s, cloud_frame("a", 2), 10, 0) is Offer.FULL
+    assert core.offer(s, cloud_frame("b", 1), 100, 0) is Offer.ACCEPTED
+    assert core.offer(s, cloud_frame("b", 2), 100, 0) is Offer.FULL  # 200 > its 125 share
+
+
+def test_a_frame_that_can_never_fit_gets_a_clear_error_and_welcome_follows_the_plan() -> None:
+    core, _ = make_core(max_frame_bytes=10_000, budget=1000)
+    s, welcome = attach(core, hello(), "c")
+    assert welcome.limits.max_frame_bytes == 1000  # the budget, not the configured 10,000
+    with pytest.raises(FrameNeverFits, match="can never fit"):
+        core.offer(s, cloud_frame("lidar", 1), 1001, 0)
+    core.set_memory_budget(800, 200)
+    assert core.limits_now().max_frame_bytes == 600
+    assert core.offer(s, cloud_frame("lidar", 1), 600, 0) is Offer.ACCEPTED
+
+
+def test_every_ring_charge_is_released_once_by_ack_eviction_or_forget() -> None:
+    core, _ = make_core(max_frame_bytes=100, budget=300, max_sessions=1, session_bytes=10)
+    gov = core.governor
+    h = pb.Hello(
+        device_id="d",
+        streams=[
+            pb.StreamSpec(stream_id="a", kind=pb.POINT_CLOUD, overflow=pb.DROP_OLDEST),
+            pb.StreamSpec(stream_id="b", kind=pb.POINT_CLOUD),
+        ],
+    )
+    s, _ = attach(core, h, "c")
+    assert gov.charged(Component.SESSIONS) == 10
+    for seq in range(1, 6):  # a's share is 150: evictions release the oldest
+        assert core.offer(s, cloud_frame("a", seq), 100, 0) is Offer.ACCEPTED
+    assert core.offer(s, cloud_frame("b", 1), 100, 0) is Offer.ACCEPTED
+    with pytest.raises(TooManySessions, match="no memory"):  # 10 + 200 held, budget 300
+        make_core(budget=5, session_bytes=10)[0].hello(hello("x"), "c2")
+    assert gov.charged(Component.RING) == core.buffered_bytes == 200
+    while (item := core.take_work()) is not None:
+        core.complete(item, b"x" * 10)  # results replace frames: charges shrink
+    assert gov.charged(Component.RING) == core.buffered_bytes == 20
+    core.sink_ack(core.egress.last_bridge_seq)
+    assert gov.charged(Component.RING) == 0
+    core.detach(s, "c", now=0.0)
+    assert core.expire(now=100.0, ttl=1.0) == [s]
+    assert gov.total_bytes == 0 and gov.live_charges == 0
+    assert gov.stats.double_releases == 0
 
 
 def test_drop_oldest_stream_from_hello() -> None:

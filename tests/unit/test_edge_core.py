@@ -153,8 +153,9 @@ def test_backpressure_streams_wait_drop_oldest_streams_never_do() -> None:
     assert c.must_wait("bp", 10) and not c.must_wait("lossy", 10)
 
 
-def test_a_full_buffer_evicts_the_oldest_frame_across_streams_but_keeps_the_newest() -> None:
-    c = core(StreamSpec("a", kind="telemetry"), StreamSpec("b", kind="telemetry"), nbytes=100)
+def test_open_loop_a_full_buffer_evicts_the_oldest_frame_across_streams_keeps_the_newest() -> None:
+    a, b = StreamSpec("a", kind="telemetry"), StreamSpec("b", kind="telemetry")
+    c = core(a, b, nbytes=100, protect_backpressure=False)
     blob(c, "a", b"1" * 30)
     blob(c, "b", b"2" * 30)
     blob(c, "a", b"3" * 30)  # over 100 bytes with headers: a/1 goes
@@ -166,7 +167,7 @@ def test_a_full_buffer_evicts_the_oldest_frame_across_streams_but_keeps_the_newe
 
 
 def test_eviction_takes_unsent_frames_first_and_acks_count_only_sent_frames() -> None:
-    c = core(StreamSpec("a", kind="telemetry"), frames=3)
+    c = core(StreamSpec("a", kind="telemetry"), frames=3, protect_backpressure=False)
     blob(c, "a")
     blob(c, "a")
     assert send_all(c) == [("a", 1), ("a", 2)]  # in the bridge's hands now
@@ -179,6 +180,19 @@ def test_eviction_takes_unsent_frames_first_and_acks_count_only_sent_frames() ->
     c.on_ack(ack("a", 6, 6), 0)  # the bridge's cumulative seq jumps over 3..5
     assert c.stats.accepted == c.stats.delivered == c.stats.sent == 3
     assert c.stats.published == c.stats.delivered + c.stats.dropped
+
+
+def test_a_drop_oldest_stream_never_evicts_a_backpressure_streams_frames() -> None:
+    bp = StreamSpec("bp", kind="telemetry", overflow="backpressure")
+    lossy = StreamSpec("lossy", kind="telemetry", overflow="drop_oldest")
+    c = core(bp, lossy, frames=2)
+    blob(c, "bp")
+    blob(c, "bp")
+    blob(c, "lossy")  # over the bound by this one frame: nothing else may go
+    assert c.buffered_frames == 3 and c.stats.dropped == 0
+    blob(c, "lossy")  # the older lossy frame goes, the backpressure ones stay
+    assert list(c.streams["bp"].buf) == [1, 2] and list(c.streams["lossy"].buf) == [2]
+    assert c.stats.dropped == 1
 
 
 def test_rejections_forget_the_frame_for_good() -> None:

@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from bridge import errors
+from bridge.governor import Governor
 from bridge.grpc_impl import GrpcTransport
 from bridge.v1 import bridge_pb2 as pb
 from bridge.ws_impl import WsTransport
@@ -31,11 +32,15 @@ def test_every_protocol_error_has_one_valid_row() -> None:
         assert row.ws_close in (1007, 1008, 1009, 1013)  # 1013: try again later
         assert isinstance(grpc.StatusCode[row.grpc_status], grpc.StatusCode)
         assert cls().fatal is row.fatal
-    codes = [row.code for reason, row in errors.WIRE.items() if reason != "protocol"]
+    # over_budget is TOO_LARGE sent as a non-fatal Error (the frame fitted before the limit fell)
+    codes = [
+        row.code for reason, row in errors.WIRE.items() if reason not in ("protocol", "over_budget")
+    ]
     refusals = [v for v in pb.ErrorCode.values() if v not in (0, pb.SHUTTING_DOWN)]
     # Every refusal code is used (shutting down is a Drain); a code may name several reasons
     # (the metric label tells them apart), e.g. UNAUTHENTICATED for a bad token or a taken session.
     assert set(codes) == set(refusals)
+    assert errors.WIRE["over_budget"].code == pb.TOO_LARGE
 
 
 def test_errors_that_keep_the_connection_open() -> None:
@@ -45,6 +50,7 @@ def test_errors_that_keep_the_connection_open() -> None:
         "too_many_points",
         "seq_regression",
         "telemetry_too_large",
+        "over_budget",
     }
 
 
@@ -72,6 +78,6 @@ def test_both_transports_report_from_the_table(cls: type[errors.ProtocolError]) 
     ws, context = _Ws(), _Context()
     error = cls("refused")
     asyncio.run(WsTransport(ws).reject(error))  # type: ignore[arg-type]
-    asyncio.run(GrpcTransport(context).reject(error))  # type: ignore[arg-type]
+    asyncio.run(GrpcTransport(context, Governor(0)).reject(error))  # type: ignore[arg-type]
     assert ws.closed == (error.wire.ws_close, "refused")
     assert context.code is grpc.StatusCode[error.wire.grpc_status]

@@ -116,30 +116,30 @@ def test_workers_fall_back_to_pod_limit_without_cgroup() -> None:
 
 # --------------------------------------------------------------------------------- memory
 
-S = PlanSettings()  # fraction 0.5, headroom 64 MiB, floor 1 MiB, cap 1 GiB
+S = PlanSettings()  # reserve 0.25, headroom 64 MiB, cap 1 GiB
 
 
 @pytest.mark.parametrize(
     ("mem", "high", "baseline", "streams", "budget", "share"),
     [
-        # 0.5 * (1 GiB - 64 MiB) = 480 MiB, 4 streams -> 120 MiB each
-        (GiB, None, 0, 4, 480 * MiB, 120 * MiB),
-        # baseline is subtracted: 0.5 * (1 GiB - 256 MiB - 64 MiB) = 352 MiB
-        (GiB, None, 256 * MiB, 0, 352 * MiB, 352 * MiB),
+        # 1 GiB - 64 MiB = 960 MiB; ring = 0.75 * 960 = 720 MiB, 4 streams -> 180 MiB each
+        (GiB, None, 0, 4, 960 * MiB, 180 * MiB),
+        # baseline is subtracted: 1 GiB - 256 MiB - 64 MiB = 704 MiB, ring 528 MiB
+        (GiB, None, 256 * MiB, 0, 704 * MiB, 528 * MiB),
         # unlimited -> the configured cap
-        (UNL, None, 0, 2, GiB, 512 * MiB),
-        (None, None, 0, 2, GiB, 512 * MiB),
+        (UNL, None, 0, 2, GiB, 384 * MiB),
+        (None, None, 0, 2, GiB, 384 * MiB),
         # memory.high is lower than memory.max: it wins
-        (GiB, 512 * MiB, 0, 1, 224 * MiB, 224 * MiB),
-        # limit below baseline + headroom: no budget, every stream keeps its floor
-        (100 * MiB, None, 80 * MiB, 3, 0, MiB),
-        # many streams: the floor wins
-        (GiB, None, 0, 1000, 480 * MiB, MiB),
+        (GiB, 512 * MiB, 0, 1, 448 * MiB, 336 * MiB),
+        # limit below baseline + headroom: no budget, and no floor either
+        (100 * MiB, None, 80 * MiB, 3, 0, 0),
+        # many streams: a small share, never a floor above it
+        (GiB, None, 0, 1000, 960 * MiB, (720 * MiB) // 1000),
         # fair split rounds down
-        (GiB, None, 0, 7, 480 * MiB, (480 * MiB) // 7),
+        (GiB, None, 0, 7, 960 * MiB, (720 * MiB) // 7),
     ],
 )
-def test_ring_budget(
+def test_memory_budget(
     mem: int | str | None,
     high: int | None,
     baseline: int,
@@ -148,14 +148,24 @@ def test_ring_budget(
     share: int,
 ) -> None:
     plan = make_plan(snap(mem=mem, high=high, baseline=baseline, streams=streams), S)
-    assert (plan.ring_budget_bytes, plan.per_stream_bytes) == (budget, share)
-    assert plan.per_stream_floor_bytes == MiB
+    assert (plan.data_budget_bytes, plan.per_stream_bytes) == (budget, share)
+    assert plan.reserve_bytes == budget // 4
+    assert plan.ring_budget_bytes == budget - plan.reserve_bytes
+
+
+def test_the_demo_cut_to_86_mi_plans_what_it_can_hold() -> None:
+    """The old plan gave a 0 MiB ring budget and a 16 MiB per-stream floor at 86 Mi: the
+    budget now follows the limit and no stream is promised more than its share."""
+    s = PlanSettings(headroom_bytes=64 * MiB)
+    plan = make_plan(snap(mem=86 * MiB, baseline=12 * MiB, streams=4), s)
+    assert plan.data_budget_bytes == 10 * MiB
+    assert plan.per_stream_bytes * 4 <= plan.ring_budget_bytes < plan.data_budget_bytes
 
 
 def test_settings_change_the_budget() -> None:
-    s = PlanSettings(ring_fraction=0.25, headroom_bytes=0, unlimited_memory_cap_bytes=2 * GiB)
-    assert make_plan(snap(mem=4 * GiB), s).ring_budget_bytes == GiB
-    assert make_plan(snap(mem=UNL), s).ring_budget_bytes == 2 * GiB
+    s = PlanSettings(reserve_fraction=0.5, headroom_bytes=0, unlimited_memory_cap_bytes=2 * GiB)
+    assert make_plan(snap(mem=4 * GiB), s).ring_budget_bytes == 2 * GiB
+    assert make_plan(snap(mem=UNL), s).ring_budget_bytes == GiB
 
 
 def test_memory_high_can_be_ignored() -> None:
@@ -181,7 +191,7 @@ def test_cooperative_downscale(fixture: str, cgroup_mem: int, effective: int, wh
     plan = make_plan(snap(mem=cgroup_mem, pod_view=pod(fixture), streams=2), S)
     assert plan.memory_limit_bytes == effective
     assert why in plan.reasons["memory_limit_bytes"]
-    assert plan.ring_budget_bytes == (effective - 64 * MiB) // 2
+    assert plan.data_budget_bytes == effective - 64 * MiB
 
 
 def test_downscale_plans_smaller_before_the_kubelet_applies_it() -> None:
@@ -315,8 +325,8 @@ def test_problems_are_carried_into_reasons() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"ring_fraction": 0},
-        {"ring_fraction": 1.5},
+        {"reserve_fraction": -0.1},
+        {"reserve_fraction": 1},
         {"gpu_memory_fraction": 0},
         {"headroom_bytes": -1},
         {"gpu_bytes_per_point": 0},

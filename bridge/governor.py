@@ -1,0 +1,311 @@
+"""The memory governor (sans-I/O): one data budget that every byte held for data is charged to.
+
+Why one budget: buffers that each follow their own bound (a WebSocket queue in messages, a
+subscriber queue in frames, a ring floored at one frame per stream) add up to many times the
+memory limit. Here every holder asks one ledger first, so the sum is bounded by construction.
+
+    budget          = memory limit - measured baseline - headroom   (see resources/plan.py)
+    admission limit = budget - reserve
+
+Three ways to charge, by what waiting would mean for the caller:
+
+- :meth:`Governor.request`: *admission* (transport receive, which becomes ring data). Waits,
+  first come first served, until ``admitted + n <= admission limit`` and the whole budget has
+  room. Waiting here is how the
+  bridge stops reading a connection. A request that can never fit the limit is refused at once
+  (and waiters that no longer fit after a shrink are refused), so nobody blocks the queue forever.
+- :meth:`Governor.try_charge`: optional data (subscriber queues, detached sessions). Takes room
+  up to the whole budget, reserve included, or returns ``None``; the caller then skips the data
+  (a subscriber gets a ``slow_subscriber`` gap). Never waits, never overdraws.
+- :meth:`Governor.force`: forward progress (decimation input/output/scratch, egress pushes in
+  flight). Must never wait: the bytes that would free the budget flow through it. It draws on
+  the reserve; its callers bound how much can be in flight (workers x depth, one push at a
+  time), and going past the whole budget is counted as an overdraft, never hidden.
+
+Every :class:`Charge` is released exactly once: a second release raises :class:`DoubleRelease`
+(and is counted), and :attr:`Governor.live_charges` lets tests prove nothing leaked.
+Grant callbacks run synchronously inside the call that freed room: they must only record the
+grant (e.g. resolve a future), never call back into the governor.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class Component(enum.Enum):
+    """Who holds the bytes (the ``component`` label of ``bridge_memory_charged_bytes``)."""
+
+    TRANSPORT = "transport"  # received (or granted to be received), not yet in a ring
+    RING = "ring"  # accepted frames and processed results until the sink acknowledges them
+    DECIMATION = "decimation"  # worker input copies, output and scratch while processing
+    EGRESS = "egress"  # serialized pushes in flight to the sink
+    SUBSCRIBERS = "subscribers"  # shared frame buffers queued for viewers
+    SESSIONS = "sessions"  # state of attached and detached sessions
+
+
+class Tier(enum.Enum):
+    ADMISSION = "admission"  # counted against the admission limit
+    OPTIONAL = "optional"  # try_charge: anywhere in the budget
+    PROGRESS = "progress"  # force: may use the reserve, overdraft counted
+
+
+class DoubleRelease(AssertionError):
+    """A charge was released twice: an accounting bug, never ignored."""
+
+
+@dataclass(eq=False, slots=True)
+class Charge:
+    """Bytes held for data, charged to one component until :meth:`release`."""
+
+    governor: Governor
+    component: Component
+    nbytes: int
+    tier: Tier
+    released: bool = False
+
+    def release(self) -> None:
+        self.governor._release(self)
+
+    def resize(self, nbytes: int) -> None:
+        """The holder now keeps ``nbytes`` (a frame replaced by its smaller processed result).
+        Growing never waits: it is forced (callers grow only by small, bounded amounts)."""
+        self.governor._resize(self, nbytes)
+
+    def move(self, component: Component) -> None:
+        """Hand the same bytes to another holder (a received frame enters its ring)."""
+        self.governor._move(self, component)
+
+    def split(self, nbytes: int) -> Charge:
+        """Carve ``nbytes`` out of this charge into a new one of the same kind (a connection's
+        granted bytes become one message's charge); totals do not change."""
+        return self.governor._split(self, nbytes)
+
+    def merge(self, other: Charge) -> None:
+        """Take over ``other``'s bytes (same component and tier); ``other`` is spent."""
+        self.governor._merge(self, other)
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """A pending admission request; ``on_grant`` gets the charge, or ``None`` when refused."""
+
+    component: Component
+    nbytes: int
+    on_grant: Callable[[Charge | None], None]
+    done: bool = False
+
+
+@dataclass(slots=True)
+class GovernorStats:
+    granted: int = 0  # admission requests granted (at once or after waiting)
+    waited: int = 0  # ... of which had to wait
+    refused: int = 0  # requests that could never fit (at once or after a shrink)
+    optional_refused: int = 0  # try_charge found no room
+    double_releases: int = 0
+    overdraft_peak_bytes: int = 0  # highest total - budget seen (forced charges only)
+    by_component: dict[Component, int] = field(default_factory=lambda: dict.fromkeys(Component, 0))
+
+
+class Governor:
+    """The ledger. Not thread-safe: call it from the event loop only."""
+
+    def __init__(self, budget_bytes: int, reserve_bytes: int = 0) -> None:
+        self.budget_bytes = 0
+        self.reserve_bytes = 0
+        self.total_bytes = 0  # every live charge
+        self.admitted_bytes = 0  # live charges of the admission tier
+        self.live_charges = 0
+        self.stats = GovernorStats()
+        self._waiters: deque[Waiter] = deque()
+        self.set_budget(budget_bytes, reserve_bytes)
+
+    # -- limits -------------------------------------------------------------------------------
+    @property
+    def admission_limit(self) -> int:
+        return self.budget_bytes - self.reserve_bytes
+
+    def fair_share(self, streams: int) -> int:
+        """Each stream's share of the admission limit (no floor: a larger frame borrows)."""
+        return self.admission_limit // max(1, streams)
+
+    def never_fits(self, nbytes: int) -> bool:
+        """True when a request of ``nbytes`` cannot be granted at the current budget."""
+        return nbytes > self.admission_limit
+
+    def set_budget(self, budget_bytes: int, reserve_bytes: int = 0) -> None:
+        """Change the budget live. A fall takes effect at once for new grants; what is already
+        held drains as its holders release it. Waiters that can no longer fit are refused."""
+        if budget_bytes < 0 or not 0 <= reserve_bytes <= budget_bytes:
+            raise ValueError(f"need 0 <= reserve ({reserve_bytes}) <= budget ({budget_bytes})")
+        self.budget_bytes = budget_bytes
+        self.reserve_bytes = reserve_bytes
+        for waiter in [w for w in self._waiters if self.never_fits(w.nbytes)]:
+            self._waiters.remove(waiter)
+            self._finish(waiter, None)
+        self._pump()
+
+    # -- charging -----------------------------------------------------------------------------
+    def request(
+        self, component: Component, nbytes: int, on_grant: Callable[[Charge | None], None]
+    ) -> Charge | Waiter | None:
+        """Admission: a charge now, a :class:`Waiter` (granted FIFO later), or ``None`` when
+        ``nbytes`` can never fit the admission limit (the caller reports a clear error)."""
+        _check_size(nbytes)
+        if self.never_fits(nbytes):
+            self.stats.refused += 1
+            return None
+        if not self._waiters and self._room_for(nbytes):
+            self.stats.granted += 1
+            return self._new(component, nbytes, Tier.ADMISSION)
+        waiter = Waiter(component, nbytes, on_grant)
+        self._waiters.append(waiter)
+        self.stats.waited += 1
+        return waiter
+
+    def cancel(self, waiter: Waiter) -> None:
+        """Withdraw a request (its connection closed). A granted one must be released instead."""
+        if waiter.done:
+            return
+        waiter.done = True
+        self._waiters.remove(waiter)
+        self._pump()  # the head may have been blocking smaller requests behind it
+
+    def try_charge(self, component: Component, nbytes: int) -> Charge | None:
+        """Optional data: a charge if the whole budget has room, else ``None``."""
+        _check_size(nbytes)
+        if self.total_bytes + nbytes > self.budget_bytes:
+            self.stats.optional_refused += 1
+            return None
+        return self._new(component, nbytes, Tier.OPTIONAL)
+
+    def force(self, component: Component, nbytes: int) -> Charge:
+        """Forward progress: always charged; going past the budget is counted as overdraft."""
+        _check_size(nbytes)
+        return self._new(component, nbytes, Tier.PROGRESS)
+
+    # -- inspection ---------------------------------------------------------------------------
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def waiting_bytes(self) -> int:
+        return sum(w.nbytes for w in self._waiters)
+
+    def charged(self, component: Component) -> int:
+        return self.stats.by_component[component]
+
+    @property
+    def over_admission(self) -> bool:
+        """Admission is paused: what is admitted already reaches the limit (or waiters queue)."""
+        return bool(self._waiters) or not self._room_for(1)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "budget_bytes": self.budget_bytes,
+            "reserve_bytes": self.reserve_bytes,
+            "admission_limit_bytes": self.admission_limit,
+            "charged_bytes": self.total_bytes,
+            "admitted_bytes": self.admitted_bytes,
+            "charged_by_component": {c.value: n for c, n in self.stats.by_component.items()},
+            "grants_waiting": self.waiting,
+            "grants_waiting_bytes": self.waiting_bytes,
+            "live_charges": self.live_charges,
+            "overdraft_peak_bytes": self.stats.overdraft_peak_bytes,
+            "refused": self.stats.refused,
+            "double_releases": self.stats.double_releases,
+        }
+
+    # -- internals ----------------------------------------------------------------------------
+    def _room_for(self, nbytes: int) -> bool:
+        """Admission needs room under its limit *and* in the whole budget (optional and forced
+        charges may be using part of the admission share)."""
+        return (
+            self.admitted_bytes + nbytes <= self.admission_limit
+            and self.total_bytes + nbytes <= self.budget_bytes
+        )
+
+    def _new(self, component: Component, nbytes: int, tier: Tier) -> Charge:
+        charge = Charge(self, component, nbytes, tier)
+        self._add(charge, nbytes)
+        self.live_charges += 1
+        return charge
+
+    def _add(self, charge: Charge, delta: int) -> None:
+        self.total_bytes += delta
+        self.stats.by_component[charge.component] += delta
+        if charge.tier is Tier.ADMISSION:
+            self.admitted_bytes += delta
+        over = self.total_bytes - self.budget_bytes
+        if over > self.stats.overdraft_peak_bytes:
+            self.stats.overdraft_peak_bytes = over
+
+    def _release(self, charge: Charge) -> None:
+        if charge.released:
+            self.stats.double_releases += 1
+            raise DoubleRelease(f"{charge.component.value} charge of {charge.nbytes} B")
+        charge.released = True
+        self._add(charge, -charge.nbytes)
+        self.live_charges -= 1
+        self._pump()
+
+    def _resize(self, charge: Charge, nbytes: int) -> None:
+        _check_size(nbytes)
+        if charge.released:
+            raise DoubleRelease("resize of a released charge")
+        delta = nbytes - charge.nbytes
+        charge.nbytes = nbytes
+        self._add(charge, delta)
+        if delta < 0:
+            self._pump()
+
+    def _move(self, charge: Charge, component: Component) -> None:
+        if charge.released:
+            raise DoubleRelease("move of a released charge")
+        self.stats.by_component[charge.component] -= charge.nbytes
+        self.stats.by_component[component] += charge.nbytes
+        charge.component = component
+
+    def _split(self, charge: Charge, nbytes: int) -> Charge:
+        if charge.released:
+            raise DoubleRelease("split of a released charge")
+        if not 0 <= nbytes <= charge.nbytes:
+            raise ValueError(f"cannot split {nbytes} B out of a {charge.nbytes} B charge")
+        charge.nbytes -= nbytes
+        self.live_charges += 1
+        return Charge(self, charge.component, nbytes, charge.tier)
+
+    def _merge(self, charge: Charge, other: Charge) -> None:
+        if charge.released or other.released:
+            raise DoubleRelease("merge with a released charge")
+        if (charge.component, charge.tier) != (other.component, other.tier):
+            raise ValueError("only charges of the same component and tier merge")
+        charge.nbytes += other.nbytes
+        other.nbytes = 0
+        other.released = True
+        self.live_charges -= 1
+
+    def _pump(self) -> None:
+        """Grant waiters strictly in arrival order while the head fits (no barging)."""
+        while self._waiters:
+            head = self._waiters[0]
+            if not self._room_for(head.nbytes):
+                return
+            self._waiters.popleft()
+            self.stats.granted += 1
+            self._finish(head, self._new(head.component, head.nbytes, Tier.ADMISSION))
+
+    def _finish(self, waiter: Waiter, charge: Charge | None) -> None:
+        waiter.done = True
+        if charge is None:
+            self.stats.refused += 1
+        waiter.on_grant(charge)
+
+
+def _check_size(nbytes: int) -> None:
+    if nbytes < 0:
+        raise ValueError(f"a charge cannot be negative ({nbytes})")

@@ -1,0 +1,75 @@
+"""FrameMeter against websockets' own frame serializer: whatever the frame sizes, masking and
+read boundaries, it announces each data frame's payload exactly once and skips control frames."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from websockets.frames import Frame, Opcode
+
+from bridge.wsmeter import FrameMeter
+
+OP_BINARY, OP_TEXT, OP_CONT = Opcode.BINARY, Opcode.TEXT, Opcode.CONT
+OP_PING, OP_PONG = Opcode.PING, Opcode.PONG
+
+DATA_OPS = (OP_BINARY, OP_TEXT, OP_CONT)
+
+
+def wire(frames: list[Frame], mask: bool) -> bytes:
+    return b"".join(f.serialize(mask=mask, extensions=[]) for f in frames)
+
+
+frame_st = st.one_of(
+    st.builds(
+        lambda op, n: Frame(op, b"\x00" * n),
+        st.sampled_from(DATA_OPS),
+        st.sampled_from([0, 1, 125, 126, 127, 65535, 65536, 70_000]),
+    ),
+    st.builds(
+        lambda op, n: Frame(op, b"p" * n), st.sampled_from([OP_PING, OP_PONG]), st.integers(0, 125)
+    ),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    frames=st.lists(frame_st, max_size=8), mask=st.booleans(), cuts=st.lists(st.integers(1, 9000))
+)
+def test_announces_each_data_payload_once_across_any_read_boundaries(
+    frames: list[Frame], mask: bool, cuts: list[int]
+) -> None:
+    data = wire(frames, mask)
+    meter = FrameMeter()
+    announced, pos = 0, 0
+    for cut in [*cuts, len(data)]:
+        chunk = data[pos : pos + cut]
+        pos += len(chunk)
+        while chunk:  # the adapter feeds the rest of a read after each announcement
+            used, owed = meter.feed(chunk)
+            assert used > 0
+            announced += owed
+            chunk = chunk[used:]
+        if pos >= len(data):
+            break
+    data_frames = [f for f in frames if f.opcode in DATA_OPS and f.data]
+    assert announced == sum(len(f.data) for f in data_frames) == meter.metered_bytes
+    assert meter.frames == len(data_frames)
+
+
+def test_the_payload_is_announced_when_the_header_arrives_before_any_payload() -> None:
+    data = wire([Frame(OP_BINARY, b"\x01" * 16_000_000)], mask=True)
+    meter = FrameMeter()
+    assert meter.feed(data[:5]) == (5, 0)  # 2 + 8-byte length: not yet complete
+    # the header completes (with the mask): announced, and nothing after it is consumed
+    assert meter.feed(data[5:100]) == (9, 16_000_000)
+    assert meter.feed(data[14:]) == (len(data) - 14, 0)
+
+
+def test_feeding_stops_right_after_each_announcing_header() -> None:
+    a = wire([Frame(OP_BINARY, b"a" * 300)], mask=True)
+    b = wire([Frame(OP_PING, b"p"), Frame(OP_BINARY, b"b" * 70_000)], mask=True)
+    meter = FrameMeter()
+    assert meter.feed(a + b) == (8, 300)  # 2 + 2-byte length + 4-byte mask
+    rest = (a + b)[8:]
+    used, owed = meter.feed(rest)
+    assert owed == 70_000 and used == 300 + len(b) - 70_000
