@@ -15,6 +15,8 @@ Switches (environment):
 * ``BRIDGE_SANITIZE=1``: build the C code with ``-fsanitize=address,undefined`` (run with
   ``LD_PRELOAD=$(gcc -print-file-name=libasan.so)``); release builds stay lean.
 * ``BRIDGE_CUDA_ARCH``: nvcc ``-arch`` value list (default: a fat binary for common GPUs).
+* ``BRIDGE_BUILD_CUDA=no``: skip the CUDA library even where nvcc exists (its build takes
+  minutes; handy while iterating on the C kernel).
 """
 
 from __future__ import annotations
@@ -87,6 +89,9 @@ class BuildNative(build_ext):
 
     def _build_cuda(self) -> None:
         nvcc = shutil.which("nvcc")
+        if os.environ.get("BRIDGE_BUILD_CUDA", "auto").strip().lower() == "no":
+            _log("BRIDGE_BUILD_CUDA=no: CUDA backend not built")
+            return
         if nvcc is None:
             _log("nvcc not on PATH: CUDA backend not built")
             return
@@ -137,6 +142,7 @@ if MODE != "no":
                     "cpu_sorted",
                     "cpu_dense",
                     "cpu_wide",
+                    "cpu_team",
                     "cpu_scratch",
                 )
             ],

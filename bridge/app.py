@@ -23,6 +23,7 @@ from bridge import codec
 from bridge.capacity import Capacity
 from bridge.core import BridgeCore, CoreConfig
 from bridge.decimate import get_decimator
+from bridge.decimate.batch import GpuBatcher
 from bridge.decimate.cuda import use_library as use_cuda_library
 from bridge.errors import StartupError
 from bridge.events import CoreEvents
@@ -131,6 +132,8 @@ class BridgeService:
         cpu_decimator = (
             decimator if decimator.name != "cuda" else get_decimator("c" if _has("c") else "numpy")
         )
+        if decimator.name == "cuda":  # concurrent frames share one device batch
+            decimator = GpuBatcher(decimator, cpu_decimator)
         self.metrics.publish_backend(decimator.name)
         self.processor = Processor(
             self.core,

@@ -122,8 +122,11 @@ def _bench(argv: list[str]) -> int:
         parser.parse_args(argv)  # prints the usage (or -h) and exits
     ns = parser.parse_args(argv[:1])
     if ns.what == "decimate":
-        from bridge.decimate.bench import main as bench_main
-
+        try:  # benchmarks/ ships with the source tree, not with the server package
+            from benchmarks.decimate import main as bench_main
+        except ImportError as exc:
+            print(f"simbridge bench needs a source checkout (benchmarks/): {exc}", file=sys.stderr)
+            return 2
         return bench_main(argv[1:])
     return 2  # pragma: no cover - argparse's choices admit nothing else
 

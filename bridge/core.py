@@ -170,6 +170,7 @@ class BridgeCore:
             state = self.governor.try_charge(
                 Component.SESSIONS,
                 self.config.session_bytes + self.config.stream_bytes * len(configs),
+                pinned=True,
             )
             if state is None:
                 raise TooManySessions(
@@ -218,7 +219,7 @@ class BridgeCore:
 
     @property
     def max_admissible_frame_bytes(self) -> int:
-        return max(0, self.governor.admission_limit)
+        return self.governor.admissible_bytes
 
     def _make_room_for_a_session(self) -> None:
         """Detached sessions are kept for resume, but never more than ``max_sessions`` of them:

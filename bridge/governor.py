@@ -14,9 +14,11 @@ Three ways to charge, by what waiting would mean for the caller:
   room. Waiting here is how the
   bridge stops reading a connection. A request that can never fit the limit is refused at once
   (and waiters that no longer fit after a shrink are refused), so nobody blocks the queue forever.
-- :meth:`Governor.try_charge`: optional data (subscriber queues, detached sessions). Takes room
-  up to the whole budget, reserve included, or returns ``None``; the caller then skips the data
-  (a subscriber gets a ``slow_subscriber`` gap). Never waits, never overdraws.
+- :meth:`Governor.try_charge`: optional data (subscriber queues). Takes room up to the whole
+  budget, reserve included, or returns ``None``; the caller then skips the data (a subscriber
+  gets a ``slow_subscriber`` gap). Never waits, never overdraws. With ``pinned=True`` (sessions,
+  attached or detached: long-lived) the charge comes out of the admission limit instead, so the
+  rings' fair shares and the largest admissible frame shrink as sessions grow.
 - :meth:`Governor.force`: forward progress (decimation input/output/scratch, egress pushes in
   flight). Must never wait: the bytes that would free the budget flow through it. It draws on
   the reserve; its callers bound how much can be in flight (workers x depth, one push at a
@@ -49,6 +51,7 @@ class Component(enum.Enum):
 
 class Tier(enum.Enum):
     ADMISSION = "admission"  # counted against the admission limit
+    PINNED = "pinned"  # long-lived, also against the admission limit (try_charge(pinned=True))
     OPTIONAL = "optional"  # try_charge: anywhere in the budget
     PROGRESS = "progress"  # force: may use the reserve, overdraft counted
 
@@ -117,7 +120,8 @@ class Governor:
         self.budget_bytes = 0
         self.reserve_bytes = 0
         self.total_bytes = 0  # every live charge
-        self.admitted_bytes = 0  # live charges of the admission tier
+        self.admitted_bytes = 0  # live charges of the admission and pinned tiers
+        self.pinned_bytes = 0  # live charges of the pinned tier
         self.live_charges = 0
         self.stats = GovernorStats()
         self._waiters: deque[Waiter] = deque()
@@ -128,13 +132,19 @@ class Governor:
     def admission_limit(self) -> int:
         return self.budget_bytes - self.reserve_bytes
 
+    @property
+    def admissible_bytes(self) -> int:
+        """The most one request can ever be granted now: the admission limit less what
+        long-lived (pinned) charges hold."""
+        return max(0, self.admission_limit - self.pinned_bytes)
+
     def fair_share(self, streams: int) -> int:
-        """Each stream's share of the admission limit (no floor: a larger frame borrows)."""
-        return self.admission_limit // max(1, streams)
+        """Each stream's share of what admission may hold (no floor: a larger frame borrows)."""
+        return self.admissible_bytes // max(1, streams)
 
     def never_fits(self, nbytes: int) -> bool:
         """True when a request of ``nbytes`` cannot be granted at the current budget."""
-        return nbytes > self.admission_limit
+        return nbytes > self.admissible_bytes
 
     def set_budget(self, budget_bytes: int, reserve_bytes: int = 0) -> None:
         """Change the budget live. A fall takes effect at once for new grants; what is already
@@ -143,10 +153,13 @@ class Governor:
             raise ValueError(f"need 0 <= reserve ({reserve_bytes}) <= budget ({budget_bytes})")
         self.budget_bytes = budget_bytes
         self.reserve_bytes = reserve_bytes
+        self._refuse_unfittable()
+        self._pump()
+
+    def _refuse_unfittable(self) -> None:
         for waiter in [w for w in self._waiters if self.never_fits(w.nbytes)]:
             self._waiters.remove(waiter)
             self._finish(waiter, None)
-        self._pump()
 
     # -- charging -----------------------------------------------------------------------------
     def request(
@@ -174,13 +187,26 @@ class Governor:
         self._waiters.remove(waiter)
         self._pump()  # the head may have been blocking smaller requests behind it
 
-    def try_charge(self, component: Component, nbytes: int) -> Charge | None:
-        """Optional data: a charge if the whole budget has room, else ``None``."""
+    def try_charge(
+        self, component: Component, nbytes: int, *, pinned: bool = False
+    ) -> Charge | None:
+        """Optional data: a charge if the whole budget has room, else ``None``. ``pinned``:
+        long-lived, charged against the admission limit; refused only when pinned charges
+        alone would exceed it (grants that can then never fit are refused)."""
         _check_size(nbytes)
-        if self.total_bytes + nbytes > self.budget_bytes:
+        if pinned:
+            # Only pinned charges compete with each other: a new session is welcome (and can be
+            # paused) even while frames fill admission; it takes its room from what drains next.
+            room = self.pinned_bytes + nbytes <= self.admission_limit
+        else:
+            room = self.total_bytes + nbytes <= self.budget_bytes
+        if not room:
             self.stats.optional_refused += 1
             return None
-        return self._new(component, nbytes, Tier.OPTIONAL)
+        charge = self._new(component, nbytes, Tier.PINNED if pinned else Tier.OPTIONAL)
+        if pinned:
+            self._refuse_unfittable()
+        return charge
 
     def force(self, component: Component, nbytes: int) -> Charge:
         """Forward progress: always charged; going past the budget is counted as overdraft."""
@@ -211,6 +237,7 @@ class Governor:
             "admission_limit_bytes": self.admission_limit,
             "charged_bytes": self.total_bytes,
             "admitted_bytes": self.admitted_bytes,
+            "pinned_bytes": self.pinned_bytes,
             "charged_by_component": {c.value: n for c, n in self.stats.by_component.items()},
             "grants_waiting": self.waiting,
             "grants_waiting_bytes": self.waiting_bytes,
@@ -238,8 +265,10 @@ class Governor:
     def _add(self, charge: Charge, delta: int) -> None:
         self.total_bytes += delta
         self.stats.by_component[charge.component] += delta
-        if charge.tier is Tier.ADMISSION:
+        if charge.tier is Tier.ADMISSION or charge.tier is Tier.PINNED:
             self.admitted_bytes += delta
+        if charge.tier is Tier.PINNED:
+            self.pinned_bytes += delta
         over = self.total_bytes - self.budget_bytes
         if over > self.stats.overdraft_peak_bytes:
             self.stats.overdraft_peak_bytes = over

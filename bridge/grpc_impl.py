@@ -59,7 +59,7 @@ class GrpcTransport:
         self._notify = notify
 
     async def _grant(self, nbytes: int) -> Charge:
-        nbytes = min(nbytes, max(1, self.governor.admission_limit))
+        nbytes = min(nbytes, max(1, self.governor.admissible_bytes))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Charge | None] = loop.create_future()
 

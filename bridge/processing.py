@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 
 from bridge import wire
 from bridge.core import BridgeCore, WorkItem
 from bridge.decimate import Decimator
+from bridge.decimate.into import decimate_message, kernel_threads
 from bridge.governor import Charge, Component, Governor
 from bridge.session import KIND_POINT_CLOUD, Stream
 from bridge.v1 import bridge_pb2 as pb
@@ -24,6 +26,7 @@ from bridge.workers import WorkerPool
 log = logging.getLogger("bridge.processing")
 
 Clock = Callable[[], int]
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # ProcessedFrame.point_cloud's key, from the descriptor: a passthrough cloud is spliced in as is.
@@ -43,7 +46,7 @@ def needs_worker(item: WorkItem, decimator: Decimator | None) -> bool:
 
 
 def process_frame(
-    item: WorkItem, decimator: Decimator | None, clock: Clock = time.time_ns
+    item: WorkItem, decimator: Decimator | None, clock: Clock = time.time_ns, threads: int = 1
 ) -> tuple[bytes | tuple[bytes, ...], float, str | None]:
     """Build the serialized ProcessedFrame core for ``item`` (no bridge_seq, no gap).
 
@@ -71,25 +74,20 @@ def process_frame(
         assert decimator is not None and item.layout is not None
         t0 = time.perf_counter()
         try:
-            result = decimator.downsample(
-                item.layout, cloud.data, stream.config.voxel_size, stream.config.max_points
+            encoded = decimate_message(
+                decimator,
+                item.layout,
+                cloud,
+                out,
+                stream.config.voxel_size,
+                stream.config.max_points,
+                threads,
+                clock,
             )
         except ValueError as exc:  # e.g. voxel keys overflow int64 for this voxel size
             error = str(exc)
         else:
-            spent = time.perf_counter() - t0
-            pc = out.point_cloud
-            pc.point_stride = cloud.point_stride
-            pc.fields.extend(cloud.fields)
-            pc.data = result.data
-            pc.frame_id = cloud.frame_id
-            if cloud.HasField("pose"):
-                pc.pose.CopyFrom(cloud.pose)
-            info.output_points = result.points
-            info.voxel_size = result.voxel_size
-            info.backend = result.backend
-            out.processed_time_ns = clock()
-            return out.SerializeToString(), spent, None
+            return encoded, time.perf_counter() - t0, None
     info.output_points, info.backend = item.points, "passthrough"
     out.processed_time_ns = clock()
     raw_cloud = cloud.SerializeToString()
@@ -157,12 +155,13 @@ class Processor:
             if not needs_worker(item, self.decimator):
                 self._process_inline(item)
                 continue
+            threads = kernel_threads(self.pool.size, self._in_flight, _CPUS)
             self._in_flight += 1
             if self.governor is not None:
                 self._charges[id(item)] = self.governor.force(
                     Component.DECIMATION, decimation_bytes(item)
                 )
-            self.pool.submit(self._task(item, self.decimator))
+            self.pool.submit(self._task(item, self.decimator, threads))
 
         # Every worker busy: cheap streams (telemetry, passthrough) still go on, so a stream of
         # costly clouds never delays another device's small frames.
@@ -183,14 +182,16 @@ class Processor:
         if self._on_done is not None:
             self._on_done(item, 0.0, error)
 
-    def _task(self, item: WorkItem, decimator: Decimator | None) -> Callable[[], None]:
+    def _task(
+        self, item: WorkItem, decimator: Decimator | None, threads: int = 1
+    ) -> Callable[[], None]:
         loop = self._loop or asyncio.get_running_loop()
         assert loop is not None
 
         def run() -> None:
             result: tuple[bytes | tuple[bytes, ...], float, str | None]
             try:
-                result = process_frame(item, decimator)
+                result = process_frame(item, decimator, threads=threads)
             except Exception as exc:  # never lose the frame silently: report on the loop
                 log.exception("processing stream %s seq %s failed", item.stream.key, item.frame.seq)
                 result = (b"", 0.0, f"internal: {exc}")

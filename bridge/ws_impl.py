@@ -131,7 +131,7 @@ class GovernedConnection(ServerConnection):
         self.refused = True
         self.stash = b""
         self._apply()
-        limit = self.governor.admission_limit
+        limit = self.governor.admissible_bytes
         reason = f"frame of {nbytes} bytes can never fit the memory budget (max {limit})"
         log.info("ws: %s", reason)
         self._closing = asyncio.ensure_future(self.close(CloseCode.MESSAGE_TOO_BIG, reason[:120]))

@@ -98,21 +98,7 @@ static inline void add_record(const job_t *job, const unsigned char *rec, sbv_ac
         a[2].d += (double)p[2];
         return;
     }
-    for (size_t f = 0; f < job->in->n_fields; f++) {
-        const sbv_field fd = job->in->fields[f];
-        const unsigned char *q = rec + fd.offset;
-        sbv_acc *s = a + job->slot_of[f];
-        if (fd.role == SBV_ROLE_COLOR) {
-            s[0].i += q[0];
-            s[1].i += q[1];
-            s[2].i += q[2];
-            s[3].i += q[3];
-        } else if (fd.type == SBV_FLOAT32 || fd.type == SBV_FLOAT64) {
-            s->d += sbv_load_f(q, fd.type);
-        } else {
-            s->i += sbv_load_i(q, fd.type);
-        }
-    }
+    sbvi_add_record(job->in, job->slot_of, rec, a);
 }
 
 /* D4: thread t sums the points of its voxels in input order (the order every other path
@@ -137,25 +123,8 @@ static void dense_accumulate(job_t *job, int t) {
         }
     }
     /* means into the output, with the formulas of sbv_reduce_voxel */
-    const sbv_field *fields = job->in->fields;
-    for (size_t v = lo; v < hi; v++) {
-        unsigned char *out = job->out + v * stride;
-        const sbv_acc *a = acc + v * slots;
-        const size_t count = job->vcount[v];
-        memset(out, 0, stride);
-        for (size_t f = 0; f < job->in->n_fields; f++) {
-            const sbv_field fd = fields[f];
-            const sbv_acc *s = a + job->slot_of[f];
-            if (fd.role == SBV_ROLE_COLOR) {
-                int64_t c[4] = {s[0].i, s[1].i, s[2].i, s[3].i};
-                sbv_store_color(out + fd.offset, c, count);
-            } else if (fd.type == SBV_FLOAT32 || fd.type == SBV_FLOAT64) {
-                sbv_store_float(out + fd.offset, fd.type, s->d, count);
-            } else {
-                sbv_store_int(out + fd.offset, fd.type, s->i, count);
-            }
-        }
-    }
+    for (size_t v = lo; v < hi; v++)
+        sbvi_write_means(job->in, job->slot_of, acc + v * slots, job->vcount[v], job->out + v * stride);
 }
 
 /* Whether the dense path applies; fills span/cells. */
@@ -178,11 +147,7 @@ int sbvi_dense_fits(job_t *job, const double klo[3], const double khi[3], size_t
 int sbvi_run_dense(job_t *job, size_t cap, size_t *out_points, char *err, size_t err_len) {
     const size_t n = job->in->points, cells = job->cells;
     const int nt = job->nt;
-    size_t slots = 0;
-    for (size_t f = 0; f < job->in->n_fields; f++) {
-        job->slot_of[f] = (uint32_t)slots;
-        slots += job->in->fields[f].role == SBV_ROLE_COLOR ? 4 : 1;
-    }
+    const size_t slots = sbvi_slots(job->in, job->slot_of);
     job->slots = slots;
     /* cells, owner lists, per-thread counts, voxel counts, then sums (m <= cells) */
     const size_t max_voxels = cells < n ? cells : n;

@@ -18,7 +18,9 @@
 /* Internal symbols stay out of the shared library's exports. */
 #define SBV_INTERNAL __attribute__((visibility("hidden")))
 
-#define SBV_MIN_POINTS_PER_THREAD 65536
+/* Below this many points per thread a cloud uses fewer threads (helpers are persistent,
+ * cpu_team.c, so a phase costs microseconds to fork and join). */
+#define SBV_MIN_POINTS_PER_THREAD 16384
 #define SBV_MAX_THREADS 64
 #define SBV_TOP_BITS 11
 #define SBV_SMALL_BUCKET 48
@@ -44,6 +46,7 @@ typedef union {
 } sbv_acc;
 
 #define SBV_DROPPED UINT32_MAX
+
 
 struct job {
     const sbv_cloud *in;
@@ -127,7 +130,55 @@ static inline int64_t floor_i64(float q) {
     return (float)k > q ? k - 1 : k;
 }
 
-/* The three ways to finish once bounds are known (each writes job->out, sets *out_points). */
+/* Add one record's fields to its voxel's sums (slot_of: first slot of each field). */
+static inline void sbvi_add_record(const sbv_cloud *in, const uint32_t *slot_of,
+                                   const unsigned char *rec, sbv_acc *a) {
+    for (size_t f = 0; f < in->n_fields; f++) {
+        const sbv_field fd = in->fields[f];
+        const unsigned char *q = rec + fd.offset;
+        sbv_acc *s = a + slot_of[f];
+        if (fd.role == SBV_ROLE_COLOR) {
+            s[0].i += q[0];
+            s[1].i += q[1];
+            s[2].i += q[2];
+            s[3].i += q[3];
+        } else if (fd.type == SBV_FLOAT32 || fd.type == SBV_FLOAT64) {
+            s->d += sbv_load_f(q, fd.type);
+        } else {
+            s->i += sbv_load_i(q, fd.type);
+        }
+    }
+}
+
+/* One zeroed output record holding the means of a voxel's sums (sbv_reduce_voxel's formulas). */
+static inline void sbvi_write_means(const sbv_cloud *in, const uint32_t *slot_of, const sbv_acc *a,
+                                    size_t count, unsigned char *out) {
+    memset(out, 0, in->stride);
+    for (size_t f = 0; f < in->n_fields; f++) {
+        const sbv_field fd = in->fields[f];
+        const sbv_acc *s = a + slot_of[f];
+        if (fd.role == SBV_ROLE_COLOR) {
+            int64_t c[4] = {s[0].i, s[1].i, s[2].i, s[3].i};
+            sbv_store_color(out + fd.offset, c, count);
+        } else if (fd.type == SBV_FLOAT32 || fd.type == SBV_FLOAT64) {
+            sbv_store_float(out + fd.offset, fd.type, s->d, count);
+        } else {
+            sbv_store_int(out + fd.offset, fd.type, s->i, count);
+        }
+    }
+}
+
+/* Accumulator slots per voxel (colour fields take 4); fills slot_of. */
+static inline size_t sbvi_slots(const sbv_cloud *in, uint32_t *slot_of) {
+    size_t slots = 0;
+    for (size_t f = 0; f < in->n_fields; f++) {
+        slot_of[f] = (uint32_t)slots;
+        slots += in->fields[f].role == SBV_ROLE_COLOR ? 4 : 1;
+    }
+    return slots;
+}
+
+/* The ways to finish once bounds are known (each writes job->out, sets *out_points). */
 SBV_INTERNAL int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t err_len);
 SBV_INTERNAL int sbvi_dense_fits(job_t *job, const double klo[3], const double khi[3], size_t nf);
 SBV_INTERNAL int sbvi_run_dense(job_t *job, size_t cap, size_t *out_points, char *err, size_t err_len);

@@ -15,40 +15,8 @@
 #define _GNU_SOURCE
 #include "cpu_internal.h"
 
+
 int sbv_abi_version(void) { return SBV_ABI_VERSION; }
-
-typedef struct {
-    job_t *job;
-    int t;
-    phase_fn fn;
-} task_t;
-
-static void *trampoline(void *arg) {
-    task_t *task = (task_t *)arg;
-    task->fn(task->job, task->t);
-    return NULL;
-}
-
-/* Fork-join one phase over nt threads (the caller runs chunk 0). Thread creation costs
- * tens of microseconds, nothing next to a phase over >= 64k points per thread. */
-int sbvi_run_phase(job_t *job, phase_fn fn) {
-    pthread_t tid[SBV_MAX_THREADS];
-    task_t task[SBV_MAX_THREADS];
-    int started = 0, rc = SBV_OK;
-    for (int t = 1; t < job->nt; t++) {
-        task[t] = (task_t){job, t, fn};
-        if (pthread_create(&tid[t], NULL, trampoline, &task[t]) != 0) {
-            rc = SBV_ENOMEM;
-            break;
-        }
-        started = t;
-    }
-    fn(job, 0);
-    for (int t = 1; t <= started; t++) pthread_join(tid[t], NULL);
-    if (rc != SBV_OK) /* run the chunks whose thread did not start, here */
-        for (int t = started + 1; t < job->nt; t++) fn(job, t);
-    return SBV_OK;
-}
 
 static void phase_bounds(job_t *job, int t) {
     double lo[3] = {INFINITY, INFINITY, INFINITY}, hi[3] = {-INFINITY, -INFINITY, -INFINITY};
@@ -137,10 +105,10 @@ static int downsample(job_t *job, double voxel_size, int threads, size_t cap, si
         job->kmin[a] = (int64_t)klo;
         bits[a] = bit_width((uint64_t)(int64_t)khi - (uint64_t)(int64_t)klo);
     }
-    if (sbvi_dense_fits(job, klo3, khi3, nf)) return sbvi_run_dense(job, cap, out_points, err, err_len);
     job->by = bits[1];
     job->bz = bits[2];
     job->kb = bits[0] + bits[1] + bits[2];
+    if (sbvi_dense_fits(job, klo3, khi3, nf)) return sbvi_run_dense(job, cap, out_points, err, err_len);
     job->ib = bit_width(n - 1);
     job->idx_mask = job->ib >= 64 ? UINT64_MAX : ((uint64_t)1 << job->ib) - 1;
     if (job->kb + job->ib > 64) return sbvi_run_wide(job, nf, cap, out_points, err, err_len);
@@ -152,8 +120,11 @@ int sbv_downsample_cpu(const sbv_cloud *in, double voxel_size, int threads, void
     if (err && err_len) err[0] = '\0';
     if (!out_points) return SBV_EINVAL;
     *out_points = 0;
-    job_t *job = (job_t *)calloc(1, sizeof *job);
-    if (!job) return SBV_ENOMEM;
+    /* The job lives in thread-local storage: no allocation per call (it is ~50 KB). Only the
+     * fields below are set here; every path sets the rest before reading them. */
+    static _Thread_local job_t tls_job;
+    job_t *job = &tls_job;
+    memset(&job->plan, 0, sizeof job->plan);
     int rc = sbv_make_plan(in, voxel_size, &job->plan, err, err_len);
     if (rc == SBV_OK && in->points && !out) {
         if (err && err_len) snprintf(err, err_len, "out is NULL");
@@ -166,6 +137,5 @@ int sbv_downsample_cpu(const sbv_cloud *in, double voxel_size, int threads, void
         job->out = (unsigned char *)out;
         rc = downsample(job, voxel_size, threads, out_capacity, out_points, err, err_len);
     }
-    free(job);
     return rc;
 }

@@ -103,6 +103,60 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(downsample_into_doc,
+"downsample_into(data, stride, fields, voxel_size, out, threads=1) -> int\n\n"
+"Like downsample, but writes the records into the writable buffer out (at least as many\n"
+"bytes as data) and returns the record count: no allocation, no copy of the output.");
+
+static PyObject *py_downsample_into(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"data", "stride", "fields", "voxel_size", "out", "threads", NULL};
+    Py_buffer view, outv;
+    Py_ssize_t stride;
+    PyObject *fields_obj;
+    double voxel_size;
+    int threads = 1;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*nOdw*|i:downsample_into", kwlist, &view,
+                                     &stride, &fields_obj, &voxel_size, &outv, &threads))
+        return NULL;
+    PyObject *result = NULL;
+    sbv_field fields[SBV_MAX_FIELDS];
+    size_t n_fields = 0;
+    if (stride <= 0 || threads < 1) {
+        PyErr_Format(PyExc_ValueError, "stride and threads must be > 0 (got %zd, %d)", stride, threads);
+        goto done;
+    }
+    if (view.len % stride) {
+        PyErr_Format(PyExc_ValueError, "data length %zd is not a multiple of stride %zd", view.len, stride);
+        goto done;
+    }
+    if (outv.len < view.len) {
+        PyErr_Format(PyExc_ValueError, "out has %zd bytes, needs at least %zd", outv.len, view.len);
+        goto done;
+    }
+    if (parse_fields(fields_obj, fields, &n_fields) < 0) goto done;
+    size_t points = (size_t)(view.len / stride);
+    sbv_cloud cloud = {view.buf, points, (size_t)stride, fields, n_fields};
+    size_t written = 0;
+    char err[256];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sbv_downsample_cpu(&cloud, voxel_size, threads, outv.buf, points, &written, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc != SBV_OK) {
+        PyObject *type = rc == SBV_EOVERFLOW ? PyExc_OverflowError
+                         : rc == SBV_ENOMEM  ? PyExc_MemoryError
+                                             : PyExc_ValueError;
+        PyErr_SetString(type, err[0] ? err : "voxel kernel failed");
+        goto done;
+    }
+    result = PyLong_FromSize_t(written);
+done:
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&outv);
+    return result;
+}
+
 static PyObject *py_cpu_count(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
@@ -134,6 +188,8 @@ static PyObject *py_scratch_keep(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"downsample", (PyCFunction)(void (*)(void))py_downsample, METH_VARARGS | METH_KEYWORDS, downsample_doc},
+    {"downsample_into", (PyCFunction)(void (*)(void))py_downsample_into, METH_VARARGS | METH_KEYWORDS,
+     downsample_into_doc},
     {"release_scratch", py_release_scratch, METH_NOARGS,
      "Free the calling thread's cached kernel scratch memory (kept between calls otherwise)."},
     {"scratch_keep", py_scratch_keep, METH_VARARGS,

@@ -27,3 +27,13 @@ def downsample(
     Raises ValueError for bad arguments, OverflowError when a voxel key leaves int64,
     MemoryError when buffers cannot be allocated.
     """
+
+def downsample_into(
+    data: Buffer,
+    stride: int,
+    fields: Sequence[tuple[int, int, int]],
+    voxel_size: float,
+    out: Buffer,
+    threads: int = 1,
+) -> int:
+    """Decimate into the writable ``out`` (>= len(data) bytes); returns the record count."""

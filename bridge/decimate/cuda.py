@@ -89,6 +89,27 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
                     ctypes.c_char_p,
                     ctypes.c_size_t,
                 )
+                lib.sbv_downsample_cuda_batch.restype = ctypes.c_int
+                lib.sbv_downsample_cuda_batch.argtypes = (
+                    ctypes.POINTER(ctypes.POINTER(_Cloud)),
+                    ctypes.POINTER(ctypes.c_double),
+                    ctypes.c_size_t,
+                    ctypes.POINTER(ctypes.c_void_p),
+                    ctypes.POINTER(ctypes.c_size_t),
+                    ctypes.POINTER(ctypes.c_size_t),
+                    ctypes.POINTER(ctypes.c_int),
+                    ctypes.c_char_p,
+                    ctypes.c_size_t,
+                )
+                lib.sbv_cuda_time_resident.restype = ctypes.c_int
+                lib.sbv_cuda_time_resident.argtypes = (
+                    ctypes.POINTER(_Cloud),
+                    ctypes.c_double,
+                    ctypes.c_int,
+                    ctypes.POINTER(ctypes.c_double),
+                    ctypes.c_char_p,
+                    ctypes.c_size_t,
+                )
                 if lib.sbv_abi_version() != ABI_VERSION:
                     reason = f"{path.name} has ABI {lib.sbv_abi_version()}, expected {ABI_VERSION}"
                 else:
@@ -105,6 +126,17 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
                 lib = None
         _state["result"] = (lib, reason)
         return lib, reason
+
+
+def _cpu_fallback(layout: CloudLayout, buf: bytes | memoryview, v: float) -> tuple[bytes, int]:
+    """Frames whose keys need more than 63 bits (coordinates over ~2^40 voxels): not on the GPU."""
+    try:
+        from bridge.decimate import _native
+    except ImportError:
+        from bridge.decimate.reference import downsample_packed
+
+        return downsample_packed(layout, buf, v)
+    return _native.downsample(buf, layout.stride, field_table(layout), v, 1)
 
 
 def unavailable_reason() -> str | None:
@@ -146,6 +178,8 @@ class CudaDecimator:
                 ctypes.byref(cloud), v, out.ctypes.data, n, ctypes.byref(written), err, len(err)
             )
             message = err.value.decode(errors="replace") or f"CUDA kernel status {rc}"
+            if rc == SBV_EINVAL and "too wide" in message:
+                return _cpu_fallback(layout, buf, v)  # keys beyond 63 bits: the CPU's wide path
             if rc == SBV_EOVERFLOW:
                 raise VoxelKeyOverflow(message)
             if rc == SBV_EINVAL:
@@ -158,3 +192,73 @@ class CudaDecimator:
             return out[: m * layout.stride].tobytes(), m
 
         return run_with_budget(self.name, run, layout, data, voxel_size, max_points)
+
+    def downsample_batch(
+        self, layout: CloudLayout, frames: list[tuple[bytes | memoryview, float]]
+    ) -> list[DecimationResult | Exception]:
+        """Decimate frames sharing ``layout`` in one device batch (one transfer each way).
+
+        Per frame: a result, or the exception that frame alone raised (a key overflow, keys too
+        wide for the GPU path); a device failure raises for the whole batch.
+        """
+        table = field_table(check_layout(layout))
+        fields = (_Field * len(table))(*(_Field(*row) for row in table))
+        k = len(frames)
+        if k == 0:
+            return []
+        srcs = [np.frombuffer(buf, dtype=np.uint8) for buf, _ in frames]
+        outs = [np.empty(max(1, len(a)), dtype=np.uint8) for a in srcs]
+        clouds = [
+            _Cloud(
+                a.ctypes.data if len(a) else 0,
+                len(a) // layout.stride,
+                layout.stride,
+                fields,
+                len(table),
+            )
+            for a in srcs
+        ]
+        ptrs = (ctypes.POINTER(_Cloud) * k)(*(ctypes.pointer(c) for c in clouds))
+        voxels = (ctypes.c_double * k)(*(float(v) for _, v in frames))
+        out_ptrs = (ctypes.c_void_p * k)(*(o.ctypes.data for o in outs))
+        caps = (ctypes.c_size_t * k)(*(len(a) // layout.stride for a in srcs))
+        counts = (ctypes.c_size_t * k)()
+        status = (ctypes.c_int * k)()
+        err = ctypes.create_string_buffer(256)
+        rc = self._lib.sbv_downsample_cuda_batch(
+            ptrs, voxels, k, out_ptrs, caps, counts, status, err, len(err)
+        )
+        message = err.value.decode(errors="replace") or f"CUDA batch status {rc}"
+        if rc == SBV_EINVAL and "wide" in message:
+            return [ValueError(message) for _ in frames]
+        if rc != SBV_OK:
+            raise RuntimeError(f"CUDA decimation failed: {message}")
+        results: list[DecimationResult | Exception] = []
+        for i, (_, v) in enumerate(frames):
+            if status[i] == SBV_EOVERFLOW:
+                results.append(VoxelKeyOverflow(f"voxel index floor(p / {v!r}) exceeds int64"))
+            elif status[i] != SBV_OK:
+                results.append(ValueError(f"CUDA batch: frame status {status[i]}"))
+            else:
+                m = counts[i]
+                results.append(
+                    DecimationResult(outs[i][: m * layout.stride].tobytes(), m, float(v), "cuda")
+                )
+        return results
+
+    def time_resident(self, layout: CloudLayout, data: bytes, voxel: float, reps: int) -> float:
+        """Mean device seconds per decimation with the cloud already on the device (benchmark)."""
+        table = field_table(check_layout(layout))
+        fields = (_Field * len(table))(*(_Field(*row) for row in table))
+        src = np.frombuffer(data, dtype=np.uint8)
+        cloud = _Cloud(
+            src.ctypes.data, len(src) // layout.stride, layout.stride, fields, len(table)
+        )
+        seconds = ctypes.c_double(0.0)
+        err = ctypes.create_string_buffer(256)
+        rc = self._lib.sbv_cuda_time_resident(
+            ctypes.byref(cloud), voxel, reps, ctypes.byref(seconds), err, len(err)
+        )
+        if rc != SBV_OK:
+            raise RuntimeError(err.value.decode(errors="replace") or f"status {rc}")
+        return seconds.value

@@ -118,12 +118,15 @@ def bin_columns(
             raise _overflow(voxel_size, cols)
         k = q.astype(np.int64)
         spans.append(int(hi) - int(lo) + 1)
-        k -= int(lo)  # no overflow: 0 <= k - lo < span (int64 arithmetic wraps correctly)
+        # k - lo lies in [0, span) with span <= 2**64: exact modulo 2**64, so read as uint64
+        # (a span above 2**63 wraps negative as int64 and would break the order).
+        k -= int(lo)
         keys.append(k)
     total = spans[0] * spans[1] * spans[2]
     if total > 2**62:
-        # Spans too wide for one int64: lexsort on the three keys (slower, still exact).
-        order = np.lexsort((keys[2], keys[1], keys[0]))
+        # Spans too wide for one int64: lexsort on the three unsigned offsets (exact).
+        u = [k.view(np.uint64) for k in keys]
+        order = np.lexsort((u[2], u[1], u[0]))
         new = np.empty(n, dtype=bool)
         new[0] = True
         new[1:] = (

@@ -32,11 +32,11 @@ from bridge.resources.cgroup import CgroupReader, open_cgroup
 from bridge.resources.describe import describe_gpu, describe_plan, describe_snapshot
 from bridge.resources.from_settings import plan_settings
 from bridge.resources.gpu import GpuProbe
-from bridge.resources.kubeapi import KubeClient, KubeConfig, KubeError, event_body, own_pod
+from bridge.resources.kubeapi import KubeConfig, KubeError, event_body, own_pod
 from bridge.resources.metrics import ResourceMetrics
 from bridge.resources.plan import Plan, PlanSettings, make_plan
 from bridge.resources.pod import AllocatedDevice, PodView, ResizeState, pending_memory_decrease
-from bridge.resources.podsource import PodSource, PodUpdate
+from bridge.resources.podsource import PodApi, PodSource, PodUpdate
 from bridge.resources.poller import Poller
 from bridge.resources.quantity import format_bytes
 from bridge.resources.snapshot import CgroupReading, GpuReading, Snapshot, Sourced, Workload
@@ -57,6 +57,16 @@ class AdaptTarget(Protocol):
 
 # Optional, looked up with getattr so targets need not implement it:
 #     def set_gpu_batch_points(self, points: int) -> None: ...   # 0 = decimate on the CPU
+
+
+class KubeApi(PodApi, Protocol):
+    """The Pod source's calls plus an Event about the own Pod (see resources/kubelight.py)."""
+
+    base_url: str
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,7 +120,7 @@ class Adapter:
         registry: CollectorRegistry,
         *,
         cgroup: CgroupReader,
-        kube: KubeClient | None = None,
+        kube: KubeApi | None = None,
         pod_ref: tuple[str, str] | None = None,
         gpu: GpuProbe | None = None,
         settings: AdapterSettings | None = None,
@@ -178,7 +188,11 @@ class Adapter:
             settings = dataclasses.replace(settings, plan=plan)
         config = KubeConfig.resolve(bridge.kube_api, bridge.kube_token_file)
         pod_ref = own_pod(bridge.pod_name, bridge.pod_namespace)
-        kube = KubeClient(config) if config is not None and pod_ref is not None else None
+        kube = None
+        if config is not None and pod_ref is not None:
+            from bridge.resources.kubelight import connect  # lightkube only with a cluster
+
+            kube = connect(config)
         return cls(
             target,
             registry,
@@ -218,6 +232,8 @@ class Adapter:
             await asyncio.gather(*self._event_tasks, return_exceptions=True)
         if self._gpu_probe is not None:
             self._gpu_probe.close()
+        if self._kube is not None:
+            await self._kube.close()
 
     async def __aenter__(self) -> Adapter:
         await self.start()
@@ -428,7 +444,7 @@ class Adapter:
             suffix=f"{time.time_ns():x}{secrets.token_hex(2)}",
         )
         try:
-            await self._kube.post(f"/api/v1/namespaces/{pod.namespace}/events", body)
+            await self._kube.create_event(pod.namespace, body)
             self.events_posted.append(body)
         except KubeError as e:
             log.warning("could not post Event on %s/%s: %s", pod.namespace, pod.name, e)
@@ -448,7 +464,7 @@ class Adapter:
             None
             if self._pod_source is None
             else {
-                "api": self._kube.config.base_url if self._kube else None,
+                "api": self._kube.base_url if self._kube else None,
                 "connected": self._pod_source.connected,
                 "problems": list(self._pod_problems),
             }

@@ -3,9 +3,10 @@
 Reads once, with the bridge's own settings (``BRIDGE_*`` environment, ``BRIDGE_CONFIG``): the
 cgroup (``cgroup_root`` or the process's own), the own Pod with its ResourceClaims and
 ResourceSlices (when ``pod_name``/``pod_namespace`` and an API are configured), and NVML (when
-``nvidia-ml-py`` is installed); then prints the plan the bridge would apply with default
-settings. Problems are printed, never fatal: exit status 0 unless the arguments or settings are
-wrong.
+``nvidia-ml-py`` is installed); then prints, under ``plan``, the plan ``simbridge serve`` applies
+with the same settings, before any stream connects. The Kubernetes client (lightkube) is imported
+only when an API is configured. Problems are printed, never fatal: exit status 0 unless the
+arguments or settings are wrong.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from bridge.resources.cgroup import open_cgroup
 from bridge.resources.describe import describe_plan, describe_snapshot, render_text
 from bridge.resources.from_settings import plan_settings
 from bridge.resources.gpu import GpuProbe
-from bridge.resources.kubeapi import KubeClient, KubeConfig, KubeError, own_pod
+from bridge.resources.kubeapi import KubeConfig, KubeError, own_pod
 from bridge.resources.plan import make_plan
 from bridge.resources.podsource import PodSource, PodUpdate
 from bridge.resources.snapshot import Snapshot, Sourced
@@ -40,13 +41,18 @@ async def _fetch_pod(
         why = "no API configured" if config is None else "pod_name/pod_namespace not set"
         return None, {"configured": False, "why": why}
     info: dict[str, Any] = {"configured": True, "api": config.base_url, "pod": "/".join(ref)}
-    source = PodSource(KubeClient(config, timeout=wait_s), ref[0], ref[1], lambda u: None)
+    from bridge.resources.kubelight import connect  # lightkube only with a cluster
+
+    api = connect(config, timeout=wait_s)
+    source = PodSource(api, ref[0], ref[1], lambda u: None)
     try:
         async with asyncio.timeout(wait_s):
             update = await source.fetch_once()
     except (KubeError, TimeoutError, ValueError) as e:
         info["error"] = str(e) or repr(e)
         return None, info
+    finally:
+        await api.close()
     info["problems"] = list(update.problems)
     return update, info
 

@@ -1,15 +1,13 @@
-"""A minimal Kubernetes API client on asyncio streams: GET, POST, PATCH and JSON-lines watches.
+"""Kubernetes API configuration and error type, plus a minimal HTTP client on asyncio streams.
 
-Why not a client library: the bridge needs five calls (get/watch its Pod, get its ResourceClaims,
-list ResourceSlices, post an Event); a dependency the size of ``kubernetes_asyncio`` for that
-would dominate the image and its import time. HTTP/1.1 with ``Connection: close`` per request keeps
-this small: bodies are read by ``Content-Length``, chunked encoding or EOF.
-
-Configuration (:meth:`KubeConfig.resolve`): the setting ``kube_api`` (a base URL, e.g. the local
-stand-in ``loadgen.kubesim``) or the in-cluster service account (``KUBERNETES_SERVICE_HOST``/
-``_PORT``, token and CA under ``/var/run/secrets/kubernetes.io/serviceaccount``; the token is
-re-read on every request because projected tokens rotate). Without either there is no cluster:
-the Pod source is absent, which is not an error.
+The bridge's own calls (its Pod, the watch on it, ResourceClaims, ResourceSlices, Events) go through
+lightkube (:mod:`bridge.resources.kubelight`). This module keeps what both need and what tools use:
+:class:`KubeConfig` (:meth:`KubeConfig.resolve`: the setting ``kube_api``, e.g. the local stand-in
+``loadgen.kubesim``, or the in-cluster service account: ``KUBERNETES_SERVICE_HOST``/``_PORT``,
+token and CA under ``/var/run/secrets/kubernetes.io/serviceaccount``), :class:`KubeError`, the
+pod reference, the Event body, and :class:`KubeClient` (GET/POST/PATCH and JSON-lines watches over
+HTTP/1.1, ``Connection: close`` per request), which the tests use to drive the stand-in. Without
+an API configured there is no cluster: the Pod source is absent, which is not an error.
 """
 
 from __future__ import annotations

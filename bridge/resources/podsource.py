@@ -7,8 +7,9 @@ docs/kubernetes.md);
 slices are listed for our node when a claim first resolves. A failing slice list (no ClusterRole)
 leaves device attributes unknown and is reported in ``problems``, never fatal.
 
-Reconnects: when the watch ends (server timeout, 410 Gone, network error) the source re-GETs the
-Pod and watches again, with capped exponential backoff after failures.
+Reconnects: the client resumes a watch the server ended from the last resourceVersion; when it
+fails (410 Gone, network error) the source re-GETs the Pod and watches again, with capped
+exponential backoff after failures.
 """
 
 from __future__ import annotations
@@ -17,17 +18,11 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from bridge.resources.kubeapi import (
-    KubeClient,
-    KubeError,
-    claim_path,
-    pod_path,
-    pod_watch_path,
-    slices_path,
-)
+from bridge.resources.kubeapi import KubeError
 from bridge.resources.pod import (
     AllocatedDevice,
     ClaimView,
@@ -53,10 +48,25 @@ class PodUpdate:
 OnPod = Callable[[PodUpdate], Awaitable[None] | None]
 
 
+class PodApi(Protocol):
+    """The API calls the source makes (:class:`bridge.resources.kubelight.LightkubeApi`); dicts in
+    the API's JSON shape, :class:`KubeError` on failure."""
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def watch_pod(
+        self, namespace: str, name: str, resource_version: str | None
+    ) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    async def list_slices(self, node_name: str | None) -> dict[str, Any]: ...
+
+
 class PodSource:
     def __init__(
         self,
-        client: KubeClient,
+        client: PodApi,
         namespace: str,
         name: str,
         on_pod: OnPod,
@@ -84,16 +94,14 @@ class PodSource:
         for _, claim_name in pod.claim_statuses:
             if claim_name and claim_name not in self._claims:
                 try:
-                    claim = parse_claim(
-                        await self.client.get(claim_path(pod.namespace, claim_name))
-                    )
+                    claim = parse_claim(await self.client.get_claim(pod.namespace, claim_name))
                     if claim.allocated:
                         self._claims[claim_name] = claim
                 except KubeError as e:
                     problems.append(f"ResourceClaim {pod.namespace}/{claim_name}: {e}")
         if self._claims and not self._slices_loaded:
             try:
-                self._slices = parse_slices([await self.client.get(slices_path(pod.node_name))])
+                self._slices = parse_slices([await self.client.list_slices(pod.node_name)])
                 self._slices_loaded = True
             except KubeError as e:
                 problems.append(f"ResourceSlices: {e}")
@@ -110,7 +118,7 @@ class PodSource:
 
     async def fetch_once(self) -> PodUpdate:
         """One GET of the Pod plus its claims and slices (``simbridge resources``)."""
-        return await self._update(await self.client.get(pod_path(self.namespace, self.name)))
+        return await self._update(await self.client.get_pod(self.namespace, self.name))
 
     async def _deliver(self, obj: dict[str, object]) -> None:
         update = await self._update(obj)
@@ -123,11 +131,11 @@ class PodSource:
 
     async def run_once(self) -> None:
         """GET, deliver, then follow the watch until it ends."""
-        obj = await self.client.get(pod_path(self.namespace, self.name))
+        obj = await self.client.get_pod(self.namespace, self.name)
         await self._deliver(obj)
         rv = parse_pod(obj).resource_version
         self.connected = True
-        async for event in self.client.watch(pod_watch_path(self.namespace, self.name, rv)):
+        async for event in self.client.watch_pod(self.namespace, self.name, rv):
             kind = event.get("type")
             inner = event.get("object")
             if kind in ("ADDED", "MODIFIED") and isinstance(inner, dict):

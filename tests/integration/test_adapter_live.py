@@ -22,6 +22,7 @@ from bridge.resources.adapt import Adapter, AdapterSettings
 from bridge.resources.cgroup import CgroupReader
 from bridge.resources.gpu import GpuProbe
 from bridge.resources.kubeapi import KubeClient, KubeConfig
+from bridge.resources.kubelight import connect
 from bridge.resources.plan import PlanSettings
 from loadgen.kubesim import KubeSim, NodeModel
 
@@ -201,7 +202,7 @@ async def stack(
             target,
             registry,
             cgroup=CgroupReader.from_root(str(root)),
-            kube=client,
+            kube=connect(KubeConfig(sim.url), timeout=5),  # the bridge's own (lightkube) client
             pod_ref=("sim", "sim-bridge-0"),
             gpu=gpu,
             settings=settings or AdapterSettings(poll_interval=0.01, slow_interval=0.05),
@@ -506,14 +507,15 @@ async def test_cli_prints_values_and_sources(stack: Callable[..., Any], tmp_path
 async def test_pod_watch_reconnects_after_the_server_ends_it(stack: Callable[..., Any]) -> None:
     sim, adapter, target, _, client = await stack("pod-running-initial.json")
     await eventually(lambda: sim.open_watches == 1)
-    gets_before = sum(1 for m, t in sim.requests_seen if m == "GET" and t.endswith("sim-bridge-0"))
+
+    def watches() -> list[str]:
+        return [t for m, t in sim.requests_seen if m == "GET" and "watch=" in t]
+
+    before = len(watches())
     sim.end_watches()  # e.g. an API server restart
-    await eventually(
-        lambda: (
-            sum(1 for m, t in sim.requests_seen if m == "GET" and t.endswith("sim-bridge-0"))
-            > gets_before
-        )
-    )
+    # A new watch, resumed from the last resourceVersion seen (no re-list needed).
+    await eventually(lambda: len(watches()) > before and sim.open_watches == 1)
+    assert "resourceVersion=" in watches()[-1]
     await client.patch(RESIZE, load("resize-patch-body.json"))
     await eventually(lambda: (adapter.describe()["pod"] or {}).get("generation") == 2)
     await eventually(lambda: target.workers == 4)

@@ -169,7 +169,10 @@ async def test_a_device_reconnecting_supersedes_its_half_open_connection() -> No
         first = await old_grpc.recv()
         assert first is not None and first.HasField("welcome")
         async with connect(ws_url(bridge), compression=None) as ws:
-            await ws.send(hello("dev", "lidar").SerializeToString())
+            # A reconnect presents the session's resume token (without it a live session is
+            # not taken over: see test_hardening).
+            token = first.welcome.session_id
+            await ws.send(hello("dev", "lidar", resume_token=token).SerializeToString())
             welcome = pb.BridgeMessage.FromString(await ws.recv(decode=False))
             assert welcome.welcome.resumed
             assert welcome.welcome.session_id == first.welcome.session_id

@@ -89,18 +89,21 @@ class FoxgloveClient:
         self.channels: dict[int, dict[str, Any]] = {}
         self.subs: dict[int, dict[str, Any]] = {}  # subscription id -> channel
         self.messages: list[tuple[str, int, bytes]] = []  # (topic, log time, payload)
+        self.ops: list[dict[str, Any]] = []  # every JSON message from the server
 
     async def run(self, topics: set[str]) -> None:
         async for raw in self.ws:
             if isinstance(raw, str):
                 msg = json.loads(raw)
+                self.ops.append(msg)
                 if msg["op"] == "serverInfo":
                     self.server_info = msg
                 elif msg["op"] == "advertise":
                     wanted = []
                     for ch in msg["channels"]:
                         self.channels[ch["id"]] = ch
-                        if ch["topic"] in topics:
+                        subscribed = any(c["id"] == ch["id"] for c in self.subs.values())
+                        if ch["topic"] in topics and not subscribed:
                             sub_id = len(self.subs) + 1
                             self.subs[sub_id] = ch
                             wanted.append({"id": sub_id, "channelId": ch["id"]})
@@ -161,7 +164,7 @@ async def test_foxglove_client_receives_the_bridges_processed_clouds() -> None:
                     if topics.count("/robot-1/lidar") >= 5 and topics.count("/robot-1/imu") >= 5:
                         break
                     assert not reader.done(), reader.exception()
-                    assert time.monotonic() < deadline, (fox.channels, fox.subs, topics[-20:])
+                    assert time.monotonic() < deadline, (fox.ops, fox.subs, topics[-20:])
                 assert await edge.wait_delivered(10)
             finally:
                 await cancel_and_wait(reader)

@@ -520,3 +520,40 @@ def test_c_releases_the_gil() -> None:
     worker.join()
     longest_pause = max(np.diff(stamps))
     assert longest_pause < 0.6 * span[0], (longest_pause, span[0])
+
+
+# ---- keys spanning more than 2^63 (the int64 min-shift wraps) ----
+
+#: float32 values whose keys at voxel 0.05 lie within int64 but span more than 2^63 together.
+WIDE = [4e17, -4e17, 3.5e17, -3e17, 1.0, -1.0, 0.0, 2e17, -2e17]
+
+
+@st.composite
+def wide_clouds(draw: st.DrawFn) -> tuple[str, bytes, float]:
+    name = draw(st.sampled_from(["xyz32", "rich32"]))
+    n = draw(st.integers(2, 24))
+    xyz = draw(hnp.arrays(np.float32, (n, 3), elements=st.sampled_from(WIDE)))
+    xyz[0, 0], xyz[1, 0] = 4e17, -4e17  # at least one axis spans > 2^63 keys
+    seed = draw(st.integers(0, 2**32 - 1))
+    return name, pack(LAYOUTS[name], xyz, np.random.default_rng(seed)), 0.05
+
+
+@SETTINGS
+@given(wide_clouds())
+def test_reference_orders_keys_spanning_more_than_2_63(cloud: tuple[str, bytes, float]) -> None:
+    """floor(+-4e17 / 0.05) fit int64 but their difference does not: order must still hold."""
+    name, data, voxel = cloud
+    layout = LAYOUTS[name]
+    got, _ = downsample_packed(layout, data, voxel)
+    assert_same_cloud(layout, got, oracle(layout, data, voxel), rtol=1e-12)
+
+
+@SETTINGS
+@given(cloud=wide_clouds())
+def test_backend_orders_keys_spanning_more_than_2_63(
+    decimator: Decimator, cloud: tuple[str, bytes, float]
+) -> None:
+    name, data, voxel = cloud
+    layout = LAYOUTS[name]
+    got = decimator.downsample(layout, data, voxel)
+    assert_same_cloud(layout, got.data, oracle(layout, data, voxel))

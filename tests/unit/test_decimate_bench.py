@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from bridge.decimate.bench import lidar_like, main, synthetic_case, uniform
+from benchmarks.decimate import lidar_like, main, synthetic_case, uniform
+from benchmarks.decimate_peers import pcl_harness, pcl_timed
 
 
 def test_json_report_has_every_method(capsys: pytest.CaptureFixture[str]) -> None:
@@ -31,3 +34,50 @@ def test_inputs_are_deterministic() -> None:
     assert case.points == 2000
     with pytest.raises(ValueError, match="shape"):
         synthetic_case("cube", 10, 0.2, 0)
+
+
+def test_real_bin_frames_and_in_service_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--real DIR adds KITTI-style .bin frames; 'service' times the worker's whole job."""
+    rng = np.random.default_rng(0)
+    xyzi = rng.normal(0, 5, (4000, 4)).astype("<f4")
+    (tmp_path / "scan.bin").write_bytes(xyzi.tobytes())
+    argv = ["--sizes", "2k", "--voxels", "0.5", "--shapes", "lidar", "--methods", "numpy,c,service"]
+    argv += ["--real", str(tmp_path), "--bin-layout", "xyzi", "--no-gil", "--repeats", "1"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    scan = [r for r in report["results"] if r["case"].startswith("scan")]
+    assert {r["points"] for r in scan} == {4000}
+    assert len({r["out_points"] for r in scan}) == 1  # service and bare agree
+    if report["env"]["backends"]["c"] is None:
+        assert {"c x1", "c x1 service"} <= {r["method"] for r in scan}
+
+
+def test_pcl_harness_builds_or_says_why() -> None:
+    harness, why = pcl_harness()
+    if harness is None:
+        assert "PCL" in why or "compiler" in why
+        return
+    rng = np.random.default_rng(1)
+    xyz = rng.normal(0, 2, (5000, 3)).astype(np.float32)
+    seconds, count = pcl_timed(harness, xyz, None, 0.5, 3)()
+    ours = synthetic_xyz_count(xyz, 0.5)
+    assert seconds > 0 and abs(count - ours) <= max(3, ours // 100)  # float32 1/v on faces
+
+
+def synthetic_xyz_count(xyz: np.ndarray, voxel: float) -> int:
+    from bridge.decimate import downsample_arrays
+
+    return len(downsample_arrays(xyz, voxel))
+
+
+def test_missing_real_frames_directory_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing data folder stops the benchmark instead of silently dropping the real frames."""
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(SystemExit) as info:
+        main(["--sizes", "3k", "--voxels", "0.5", "--shapes", "lidar", "--real", str(missing)])
+    assert info.value.code == 2
+    assert f"--real {missing}: no such directory" in capsys.readouterr().err

@@ -107,6 +107,25 @@ def test_try_charge_uses_the_reserve_but_never_overdraws() -> None:
     held.release()
 
 
+def test_pinned_charges_shrink_what_admission_can_ever_grant() -> None:
+    gov = Governor(100, reserve_bytes=20)
+    log: list[Charge | None] = []
+    held = gov.request(T, 50, lambda _: None)
+    assert isinstance(held, Charge)
+    assert isinstance(gov.request(T, 60, log.append), Waiter)  # fits 80 - 0 pinned: waits
+    session = gov.try_charge(Component.SESSIONS, 25, pinned=True)
+    assert session is not None and session.tier is Tier.PINNED
+    assert log == [None], "60 can never fit 80 - 25 pinned: refused, not blocking the queue"
+    assert gov.admissible_bytes == 55 and gov.fair_share(5) == 11 and gov.never_fits(56)
+    more = gov.try_charge(Component.SESSIONS, 6, pinned=True)  # admission full: still welcome
+    assert more is not None and gov.admitted_bytes == 81 and gov.over_admission
+    more.release()
+    assert gov.try_charge(Component.SESSIONS, 56, pinned=True) is None  # 25 + 56 pinned > 80
+    session.release()
+    held.release()
+    assert gov.admitted_bytes == gov.pinned_bytes == gov.total_bytes == 0
+
+
 def test_forced_charges_always_succeed_and_overdraft_is_counted() -> None:
     gov = Governor(100, reserve_bytes=20)
     held = gov.request(T, 80, lambda _: None)
@@ -194,6 +213,7 @@ class GovernorMachine(RuleBasedStateMachine):
         self.granted: list[Charge] = []
         self.next_id = 0
         self.shrunk_below_held = False
+        self.pinned: list[Charge] = []
 
     def _callback(self, rid: int):  # type: ignore[no-untyped-def]
         def on_grant(charge: Charge | None) -> None:
@@ -215,7 +235,7 @@ class GovernorMachine(RuleBasedStateMachine):
         elif isinstance(result, Waiter):
             self.pending[rid] = result
         else:
-            assert n > self.gov.admission_limit
+            assert n > self.gov.admissible_bytes
             return
         self.order.append(rid)
 
@@ -238,10 +258,15 @@ class GovernorMachine(RuleBasedStateMachine):
         charge = data.draw(st.sampled_from(self.granted))
         charge.resize(min(charge.nbytes, n))  # processed results are smaller
 
-    @rule(target=held, n=st.integers(0, 400), forced=st.booleans())
-    def optional_or_forced(self, n: int, forced: bool) -> Charge | None:
+    @rule(target=held, n=st.integers(0, 400), forced=st.booleans(), pinned=st.booleans())
+    def optional_or_forced(self, n: int, forced: bool, pinned: bool) -> Charge | None:
         if forced:
             return self.gov.force(Component.DECIMATION, n)
+        if pinned:
+            charge = self.gov.try_charge(Component.SESSIONS, n, pinned=True)
+            if charge is not None:
+                self.pinned.append(charge)
+            return charge
         before = self.gov.total_bytes
         charge = self.gov.try_charge(Component.SUBSCRIBERS, n)
         assert (charge is None) == (before + n > self.gov.budget_bytes)
@@ -263,16 +288,21 @@ class GovernorMachine(RuleBasedStateMachine):
         gov = self.gov
         by_component = gov.stats.by_component
         assert sum(by_component.values()) == gov.total_bytes
-        assert gov.admitted_bytes == sum(c.nbytes for c in self.granted)
+        live_pinned = sum(c.nbytes for c in self.pinned if not c.released)
+        assert gov.pinned_bytes == live_pinned
+        assert gov.admitted_bytes == sum(c.nbytes for c in self.granted) + live_pinned
         assert all(v >= 0 for v in by_component.values())
         assert gov.stats.double_releases == 0
 
     def _within(self) -> bool:
         gov = self.gov
         forced = gov.charged(Component.DECIMATION)
+        # documented exceptions: forced (progress) charges, and pinned ones (sessions), which are
+        # welcome even while admission is full
         return (
-            gov.admitted_bytes <= gov.admission_limit
-            and gov.total_bytes <= gov.budget_bytes + forced
+            gov.admitted_bytes - gov.pinned_bytes <= gov.admission_limit
+            and gov.total_bytes <= gov.budget_bytes + forced + gov.pinned_bytes
+            and gov.pinned_bytes <= gov.admission_limit
         )
 
     @invariant()

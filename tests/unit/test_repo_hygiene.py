@@ -13,14 +13,8 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 THIS = Path(__file__).resolve().relative_to(REPO).as_posix()
-
-# Files another open change adds; a link to them is allowed until that change lands (then the
-# entry must go: test_pending_targets_are_still_pending fails once the file exists).
-PENDING_TARGETS = {"docs/protocol.md"}
 
 # Outside references that have appeared in this repository before. Built from parts so that this
 # file does not match itself.
@@ -108,7 +102,7 @@ def test_relative_paths_resolve_to_tracked_files_inside_the_repository() -> None
                     matches = [f for f in tracked() if Path(f).match(target)]
                     if not matches:
                         bad.append(f"{rel}:{n}: {token} matches no tracked file")
-                elif target not in tracked_set() and target not in PENDING_TARGETS:
+                elif target not in tracked_set():
                     bad.append(f"{rel}:{n}: {token} -> {target} is not in the repository")
     assert not bad, "\n".join(bad)
 
@@ -180,20 +174,12 @@ def test_every_relative_markdown_link_resolves_inside_the_repository() -> None:
         if dest is None:
             bad.append(f"{rel}:{n}: {target} leaves the repository")
             continue
-        if dest in PENDING_TARGETS:
-            continue
         if dest not in tracked_set():
             bad.append(f"{rel}:{n}: {target} -> {dest} is not a tracked file")
             continue
         if anchor and dest.endswith(".md") and anchor not in anchors(dest):
             bad.append(f"{rel}:{n}: {target}: no heading with anchor #{anchor} in {dest}")
     assert not bad, "broken links:\n" + "\n".join(bad)
-
-
-@pytest.mark.parametrize("target", sorted(PENDING_TARGETS))
-def test_pending_targets_are_still_pending(target: str) -> None:
-    """Once the pending file lands, it is checked like every other link: drop it from the list."""
-    assert target not in tracked(), f"{target} is tracked now: remove it from PENDING_TARGETS"
 
 
 def test_license_and_notices_are_present() -> None:

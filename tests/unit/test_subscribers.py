@@ -1,11 +1,13 @@
-"""SubscriberSet with real asyncio queues: filtering, the backlog from the egress log, and a slow
-viewer that alone gets exact ``slow_subscriber`` gaps."""
+"""SubscriberSet with real asyncio queues: filtering, the backlog from the egress log, a slow
+viewer that alone gets exact ``slow_subscriber`` gaps, and queues bounded in bytes that share one
+charged buffer per frame."""
 
 from __future__ import annotations
 
 import pytest
 
-from bridge.egress import EgressLog
+from bridge.egress import EgressLog, frame_bytes
+from bridge.governor import Component, Governor
 from bridge.ring import Entry
 from bridge.session import Stream
 from bridge.subscribers import Subscriber, SubscriberSet
@@ -25,7 +27,7 @@ def pairs(s: Stream, entries: list[Entry]) -> list[tuple[Stream, Entry]]:
 async def test_fanout_filters_by_stream_and_a_slow_viewer_gets_an_exact_gap() -> None:
     log = EgressLog()
     lidar, tele = stream("lidar"), stream("tele")
-    subs = SubscriberSet(log)
+    subs = SubscriberSet(log, Governor(1 << 30, 1 << 28))
     everything = Subscriber(set(), queue_frames=10)
     slow = Subscriber({"lidar"}, queue_frames=2)
     subs.attach(everything, 0)
@@ -46,7 +48,7 @@ async def test_fanout_filters_by_stream_and_a_slow_viewer_gets_an_exact_gap() ->
 async def test_backlog_comes_from_the_log_and_old_positions_are_refused() -> None:
     log = EgressLog()
     lidar = stream()
-    subs = SubscriberSet(log)
+    subs = SubscriberSet(log, Governor(1 << 30, 1 << 28))
     committed(log, lidar, 1, 2, 3)
     backlog = subs.attach(Subscriber(set(), 10), from_bridge_seq=1)
     assert [decode(b).bridge_seq for b in backlog] == [2, 3]
@@ -58,12 +60,38 @@ async def test_backlog_comes_from_the_log_and_old_positions_are_refused() -> Non
 
 async def test_close_ends_a_subscription_even_when_its_queue_is_full() -> None:
     log = EgressLog()
-    subs = SubscriberSet(log)
+    subs = SubscriberSet(log, Governor(1 << 30, 1 << 28))
     sub = Subscriber(set(), queue_frames=1)
     subs.attach(sub, 0)
     lidar = stream()
     subs.fanout(pairs(lidar, committed(log, lidar, 1)))
     subs.close_all()
+    assert decode(await sub.get()).seq == 1  # what was queued, then the end
     assert await sub.get() is None
     subs.detach(sub)
     assert len(subs) == 0
+
+
+async def test_one_shared_buffer_per_frame_charged_once_and_queues_bounded_in_bytes() -> None:
+    log = EgressLog()
+    lidar = stream()
+    entries = committed(log, lidar, 1, 2, 3, 4)
+    gov = Governor(1 << 20, reserve_bytes=0)
+    subs = SubscriberSet(log, gov)
+    a, b = Subscriber(set(), queue_frames=100), Subscriber(set(), queue_frames=100)
+    subs.attach(a, 0)
+    subs.attach(b, 0)
+    one = len(frame_bytes(entries[0]))
+    # the reserve is 0: no room for viewers at all, both get exact gaps, nothing is charged
+    assert subs.fanout(pairs(lidar, entries[:1])) == 2
+    assert gov.charged(Component.SUBSCRIBERS) == 0
+    gov.set_budget(1 << 20, reserve_bytes=2 * 2 * one)  # each viewer's share: one frame
+    assert subs.fanout(pairs(lidar, entries[1:3])) == 2  # frame 2 for both, frame 3 for none
+    assert gov.charged(Component.SUBSCRIBERS) == one  # one shared buffer, charged once
+    first_a, first_b = decode(await a.get()), decode(await b.get())
+    assert first_a.seq == first_b.seq == 2 and first_a.gap.count == 1  # frame 1 missed
+    assert gov.charged(Component.SUBSCRIBERS) == 0 and gov.live_charges == 0
+    subs.fanout(pairs(lidar, entries[3:]))
+    subs.detach(a)
+    subs.detach(b)  # queued frames are given back when viewers leave
+    assert gov.total_bytes == 0 and gov.live_charges == 0

@@ -8,7 +8,7 @@ baseline during one cold call (Linux ``/proc/self/clear_refs``). The GIL line ru
 Python threads decimating at once and reports their combined throughput over one thread's:
 ~2x on two cores means the method really runs in parallel in a worker pool.
 
-Run ``python -m bridge.decimate.bench --help`` for the input sets.
+Run ``python -m benchmarks.decimate --help`` for the input sets.
 """
 
 from __future__ import annotations
@@ -32,12 +32,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks.decimate_peers import (
+    CLOCK,
+    Timed,
+    pcl_harness,
+    pcl_timed,
+    ratio_summary,
+    read_frame,
+    service_timed,
+    use_cpu_time,
+)
 from bridge.cloud import CloudLayout, make_layout
 from bridge.decimate.backends import available_backends, get_decimator
 
 XYZ_LAYOUT = make_layout(12, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7)])
-XYZRGB_LAYOUT = make_layout(16, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7), ("rgb", 12, 6)])
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PCL = REPO / "tests" / "data" / "pcl"  # the PCL frames, vendored (BSD-3-Clause)
 
 
@@ -101,31 +110,14 @@ def synthetic_case(shape: str, n: int, voxel: float, seed: int) -> Case:
     return Case(f"{shape} {_count(n)} v{voxel:g}", shape, voxel, XYZ_LAYOUT, xyz.tobytes(), xyz)
 
 
-def real_case(path: Path, voxel: float) -> Case | None:
-    """A PCD frame read with Open3D, packed as x, y, z, rgb (NaN points kept)."""
-    o3d = _open3d()
-    if o3d is None:
+def real_case(path: Path, voxel: float, bin_layout: str = "xyzi") -> Case | None:
+    """A real frame: .pcd/.ply through Open3D (x, y, z, rgb; NaN points kept), or a KITTI-style
+    .bin of float32 records (``bin_layout`` xyzi or xyz). None when Open3D is needed and absent."""
+    got = read_frame(path, bin_layout, _open3d())
+    if got is None:
         return None
-    pcd = o3d.t.io.read_point_cloud(str(path))
-    xyz = pcd.point.positions.numpy().astype(np.float32)
-    rgb = pcd.point.colors.numpy().astype(np.uint8) if "colors" in pcd.point else None
-    rec = np.zeros(len(xyz), dtype=XYZRGB_LAYOUT.structured_dtype)
-    for i, a in enumerate("xyz"):
-        rec[a] = xyz[:, i]
-    if rgb is not None:
-        rgba = np.zeros((len(xyz), 4), dtype=np.uint8)
-        rgba[:, :3] = rgb
-        rec["rgb"] = rgba.view("<u4")[:, 0]
-    finite = np.isfinite(xyz).all(axis=1)
-    return Case(
-        f"{path.stem[:24]} v{voxel:g}",
-        "real",
-        voxel,
-        XYZRGB_LAYOUT,
-        rec.tobytes(),
-        np.ascontiguousarray(xyz[finite]),
-        None if rgb is None else np.ascontiguousarray(rgb[finite]),
-    )
+    layout, data, xyz, rgb = got
+    return Case(f"{path.stem[:24]} v{voxel:g}", "real", voxel, layout, data, xyz, rgb)
 
 
 def _count(n: int) -> str:
@@ -181,6 +173,19 @@ def methods_for(case: Case, wanted: set[str], cpus: int) -> dict[str, Runner]:
     return runners
 
 
+def timed_for(case: Case, wanted: set[str], cpus: int, repeats: int) -> dict[str, Timed]:
+    """Methods timed inside their own process or loop: PCL's harness, the in-service path."""
+    timed: dict[str, Timed] = {}
+    if "pcl" in wanted:
+        harness, _why = pcl_harness()
+        if harness is not None:
+            timed["pcl voxelgrid"] = pcl_timed(harness, case.xyz, case.rgb, case.voxel, repeats)
+    if "service" in wanted and available_backends()["c"] is None:
+        for t in sorted({1, cpus}):
+            timed[f"c x{t} service"] = service_timed(case.layout, case.data, case.voxel, t, repeats)
+    return timed
+
+
 # ---- measurement ----
 
 
@@ -227,12 +232,13 @@ def _release_scratch() -> None:
 
 def time_runs(run: Runner, repeats: int, budget_s: float) -> list[float]:
     times: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while len(times) < repeats or (len(times) < 3 * repeats and time.perf_counter() < deadline):
-        start = time.perf_counter()
+    now = CLOCK["now"]
+    deadline = now() + budget_s
+    while len(times) < repeats or (len(times) < 3 * repeats and now() < deadline):
+        start = now()
         run()
-        times.append(time.perf_counter() - start)
-        if len(times) >= 3 and time.perf_counter() > deadline:
+        times.append(now() - start)
+        if len(times) >= 3 and now() > deadline:
             break
     return times
 
@@ -249,6 +255,7 @@ class Row:
     out_points: int
     peak_mb: float | None
     ratio_vs_open3d_best: float | None = None
+    ratio_vs_pcl: float | None = None
 
 
 @dataclass
@@ -266,7 +273,13 @@ class Report:
     gil: list[GilRow] = field(default_factory=list)
 
 
-def bench_case(case: Case, runners: dict[str, Runner], repeats: int, budget_s: float) -> list[Row]:
+def bench_case(
+    case: Case,
+    runners: dict[str, Runner],
+    repeats: int,
+    budget_s: float,
+    timed: dict[str, Timed] | None = None,
+) -> list[Row]:
     rows: list[Row] = []
     for name, run in runners.items():
         out = run()  # warm-up (also first-touch of the output)
@@ -286,9 +299,26 @@ def bench_case(case: Case, runners: dict[str, Runner], repeats: int, budget_s: f
                 peak,
             )
         )
+    for name, measure in (timed or {}).items():
+        t, out = measure()
+        rows.append(
+            Row(
+                case.name,
+                case.shape,
+                case.points,
+                case.voxel,
+                name,
+                case.points / t / 1e6,
+                t,
+                out,
+                None,
+            )
+        )
     best = max((r.mpts_per_s for r in rows if r.method.startswith("o3d")), default=None)
+    pcl = next((r.mpts_per_s for r in rows if r.method == "pcl voxelgrid"), None)
     for r in rows:
         r.ratio_vs_open3d_best = None if best is None else r.mpts_per_s / best
+        r.ratio_vs_pcl = None if pcl is None else r.mpts_per_s / pcl
     return rows
 
 
@@ -359,20 +389,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--methods",
-        default="numpy,c,cuda,open3d",
-        help="comma list of numpy,c,cuda,open3d (default all available)",
+        default="numpy,c,cuda,open3d,pcl,service",
+        help="comma list of numpy,c,cuda,open3d,pcl,service (default all available; service = "
+        "the bridge worker's whole per-frame job next to the bare kernel)",
     )
     p.add_argument(
         "--real",
         type=Path,
-        default=Path(os.environ.get("BRIDGE_PCL_DATA") or DEFAULT_PCL),
-        help="folder of real .pcd frames (default $BRIDGE_PCL_DATA or tests/data/pcl)",
+        action="append",
+        default=[],
+        help="a folder of real frames (.pcd, .ply, KITTI-style .bin) to add to the vendored "
+        "tests/data/pcl frames; repeatable",
+    )
+    p.add_argument(
+        "--bin-layout",
+        choices=["xyzi", "xyz"],
+        default="xyzi",
+        help=".bin records: float32 x, y, z, intensity (KITTI) or x, y, z",
     )
     p.add_argument("--real-voxel", type=float, default=0.02, help="voxel for real frames")
     p.add_argument("--no-real", action="store_true", help="skip the real frames")
     p.add_argument("--no-gil", action="store_true", help="skip the two-thread GIL figure")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per method (median)")
     p.add_argument("--threads", type=int, help="C threads for the 'c xN' row (default: CPUs)")
+    p.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with process CPU time instead of wall time (steadier on a shared machine; "
+        "one-thread rows only: a multi-threaded call counts every thread's time)",
+    )
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -405,15 +450,18 @@ def plan_cases(args: argparse.Namespace) -> Iterable[Case]:
                 if args.quick and shape == "uniform" and n < 1_000_000:
                     continue
                 yield synthetic_case(shape, n, v, args.seed)
-    if not args.no_real and args.real.is_dir():
-        frames = sorted(args.real.glob("*.pcd"))
-        for path in frames[:2] if args.quick else frames:
-            case = real_case(path, args.real_voxel)
-            if case is not None:
-                yield case
+    if not args.no_real:
+        dirs = [Path(os.environ.get("BRIDGE_PCL_DATA") or DEFAULT_PCL), *args.real]
+        for folder in dirs:
+            frames = sorted(p for p in folder.glob("*") if p.suffix in (".pcd", ".ply", ".bin"))
+            for path in frames[:2] if args.quick else frames:
+                case = real_case(path, args.real_voxel, args.bin_layout)
+                if case is not None:
+                    yield case
 
 
 def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
+    use_cpu_time(args.cpu_time)
     cpus = args.threads or _cpus()
     wanted = set(args.methods.split(","))
     o3d = _open3d()
@@ -427,6 +475,7 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
             "backends": available_backends(),
             "machine": platform.machine(),
             "load_avg_1m": _load_avg(),
+            "clock": "process CPU time" if args.cpu_time else "wall",
         }
     )
     emit(_header(report.env))
@@ -436,7 +485,12 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
             f"note: load average {load:.2f} before starting: other processes share these CPUs, "
             "so figures (two-thread ones most) are noisy\n"
         )
-    emit(f"{'case':<30} {'method':<11} {'Mpts/s':>8} {'out pts':>9} {'peak MB':>8} {'x o3d':>7}")
+    emit(
+        f"{'case':<30} {'method':<15} {'Mpts/s':>8} {'out pts':>9} {'peak MB':>8} "
+        f"{'x o3d':>6} {'x pcl':>6}"
+    )
+    if "pcl" in wanted and pcl_harness()[0] is None:
+        emit(f"pcl voxelgrid: skipped, {pcl_harness()[1]}")
     budget = 1.0 if args.quick else 3.0
     repeats = min(args.repeats, 3) if args.quick else args.repeats
     gil_case: Case | None = None
@@ -446,16 +500,21 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
         if gil_case is None or _gil_rank(case) > _gil_rank(gil_case):
             gil_case = case
         runners = methods_for(case, wanted, cpus)
-        rows = bench_case(case, runners, repeats, budget)
+        timed = timed_for(case, wanted, cpus, repeats)
+        rows = bench_case(case, runners, repeats, budget, timed)
         report.rows += rows
         for r in rows:
             emit(_fmt_row(r))
-        counts = {r.out_points for r in rows if r.method != "o3d legacy"}
+        line = ratio_summary(rows)
+        if line:
+            emit(line)
+        counts = {r.out_points for r in rows if r.method not in ("o3d legacy", "pcl voxelgrid")}
         if len(counts) > 1:
             emit(f"{'':<30} WARNING: output counts differ: {sorted(counts)}")
     emit(
-        "(o3d legacy anchors its grid at min bound - v/2, so its counts differ by design; "
-        "every other method must agree)"
+        "(o3d legacy anchors its grid at min bound - v/2, so its counts differ by design; PCL "
+        "computes p * (1/v) in float32, so a few points on voxel faces may land elsewhere; every "
+        "other method must agree)"
     )
     if args.no_gil or gil_case is None:
         return report
@@ -497,13 +556,21 @@ def _header(env: dict[str, Any]) -> str:
 
 def _fmt_row(r: Row) -> str:
     peak = "n/a" if r.peak_mb is None else f"{r.peak_mb:.1f}"
-    ratio = "" if r.ratio_vs_open3d_best is None else f"{r.ratio_vs_open3d_best:.1f}"
-    return f"{r.case:<30} {r.method:<11} {r.mpts_per_s:8.2f} {r.out_points:9d} {peak:>8} {ratio:>7}"
+    ratio = "" if r.ratio_vs_open3d_best is None else f"{r.ratio_vs_open3d_best:.2f}"
+    pcl = "" if r.ratio_vs_pcl is None else f"{r.ratio_vs_pcl:.2f}"
+    return (
+        f"{r.case:<30} {r.method:<15} {r.mpts_per_s:8.2f} {r.out_points:9d} {peak:>8} "
+        f"{ratio:>6} {pcl:>6}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``simbridge bench decimate``; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for folder in [] if args.no_real else args.real:  # an error, never a smaller benchmark
+        if not folder.is_dir():
+            parser.error(f"--real {folder}: no such directory (--no-real skips the real frames)")
     if args.json:
         report = run(args, lambda _line: None)
         print(

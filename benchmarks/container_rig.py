@@ -1,0 +1,548 @@
+"""The bridge in a real container, resized live: the rig behind ``make e2e-container`` and
+``make bench-memory``.
+
+Why a real container: the product's promise is "resize my pod in place and I adapt without
+loss". Only a real cgroup shows what the kernel does when the limit moves under a running bridge
+(reclaim, OOM kill); the file-based stand-ins only announce limits. ``podman update --cpus
+--memory`` is the same ``runc update`` that the kubelet's CRI ``UpdateContainerResources`` ends in.
+
+What runs where (all on this host, ``--network host``, 127.0.0.1):
+  * the bridge: ``simbridge serve`` in the image built from the Dockerfile (cpu target), started
+    with ``--cpus``/``--memory`` and explicit rlimits, reading its real cgroup inside the container;
+  * the reference sink and the publisher: ``simbridge-loadgen sink`` / ``publish`` as child
+    processes of the host (the load generator's own summaries give lost / duplicate /
+    disconnect counts);
+  * this process: resizes (:class:`Resizer`: ``podman update`` directly, or a resize PATCH to the
+    Kubernetes stand-in whose kubelet applies it with ``podman update``) and samples every 100 ms:
+    the container's cgroup from the host (limit, usage, OOM counters), the bridge's RSS
+    (``/proc/PID/status``) and the bridge's ``/metrics`` (the limits it reports, its budget).
+
+Only containers named ``simbridge-e2e-*`` and labelled ``simbridge-e2e`` are created or removed,
+and every exit path removes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from benchmarks.container_probe import (
+    ULIMITS,
+    free_port,
+    http_get,
+    kernel_oom_kills,
+    parse_metrics,
+    process_rss,
+    round_up,
+)
+from loadgen.kubesim_podman import ContainerCgroup, Podman, PodmanError
+
+MiB = 1 << 20
+LABEL = "simbridge-e2e"
+SAMPLE_S = 0.1
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------- steps and samples
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One resize. ``memory`` is bytes, ``"working-set"`` (just above the peak usage of the last
+    seconds: what is left after the cooperative shrink) or ``None`` (unchanged); ``cpu`` is cores
+    or ``None``."""
+
+    label: str
+    cpu: float | None
+    memory: int | str | None
+    hold_s: float = 8.0
+
+
+@dataclass(slots=True)
+class Sample:
+    t: float  # seconds since the rig started sampling
+    rss: int  # anonymous + shmem RSS of the bridge (see process_rss)
+    usage: int
+    limit: int | None
+    cpu: float | None
+    metrics: dict[str, float]
+    vmrss: int = 0
+
+
+@dataclass(slots=True)
+class StepResult:
+    index: int
+    label: str
+    started_t: float
+    target_cpu: float
+    target_memory: int
+    cgroup_cpu: float | None = None
+    cgroup_memory: int | None = None
+    seen_cpu: float | None = None
+    seen_memory: float | None = None
+    seen_after_ms: float | None = None  # resize call done → the bridge reports the cgroup values
+    match: bool = False
+    resize_ms: float = 0.0  # the resize call itself (podman update / PATCH until converged)
+    notes: list[str] = field(default_factory=list)
+
+
+class Resizer(Protocol):
+    """Changes the running container's limits; returns when the cgroup holds them."""
+
+    name: str
+
+    async def resize(self, cpu: float, memory: int) -> list[str]: ...
+
+
+class PodmanResizer:
+    """``podman update --cpus --memory`` on the running container (runc update), with the
+    kubelet's guard: a memory decrease waits (up to ``hold_s``) while the container's usage is at
+    or above the new limit, and is not applied if usage never falls below it."""
+
+    name = "podman update"
+
+    def __init__(self, podman: Podman, container: str, cgroup: ContainerCgroup, hold_s: float = 20):
+        self.podman, self.container, self.cgroup, self.hold_s = podman, container, cgroup, hold_s
+
+    async def resize(self, cpu: float, memory: int) -> list[str]:
+        notes = []
+        limit = self.cgroup.memory_limit()
+        if limit is None or memory < limit:
+            t0 = time.monotonic()
+            while self.cgroup.memory_usage() >= memory:
+                if time.monotonic() - t0 > self.hold_s:
+                    raise RuntimeError(
+                        f"memory decrease held {self.hold_s:.0f} s: usage "
+                        f"{self.cgroup.memory_usage() >> 20} MiB ≥ new limit {memory >> 20} MiB"
+                    )
+                await asyncio.sleep(0.05)
+            if time.monotonic() - t0 > 0.05:
+                notes.append(f"held {time.monotonic() - t0:.1f} s until usage < new limit")
+        await self.podman.update(
+            self.container,
+            ["--cpus", f"{cpu:g}", "--memory", f"{memory}b", "--memory-swap", f"{memory}b"],
+        )
+        return notes
+
+
+# ----------------------------------------------------------------------------- the rig
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Per transport: one publisher process (edges x streams at rate_hz, clouds of ``points``)."""
+
+    transports: tuple[str, ...] = ("ws", "grpc")
+    edges: int = 1
+    streams_per_edge: int = 2
+    rate_hz: float = 10.0
+    points: int = 25_000
+
+
+@dataclass(slots=True)
+class RigConfig:
+    image: str
+    cpu: float
+    memory: int
+    load: Load = field(default_factory=Load)
+    warmup_s: float = 6.0
+    ws_margin: int = 64 * MiB  # "working-set" steps: peak usage + this, rounded up to 4 MiB
+    max_frame_bytes: int = 4 * MiB
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class ContainerRig:
+    """One bridge container + sink + publisher; :meth:`run` drives the steps and samples."""
+
+    def __init__(self, cfg: RigConfig, podman: Podman | None = None, tag: str = "run") -> None:
+        self.cfg = cfg
+        self.podman = podman or Podman()
+        self.name = f"{LABEL}-{tag}-{os.getpid()}"
+        self.ports = {"ws": free_port(), "grpc": free_port(), "http": free_port()}
+        self.samples: list[Sample] = []
+        self.steps: list[StepResult] = []
+        self.pid = 0
+        self.cgroup: ContainerCgroup | None = None
+        self.started_at = ""
+        self.scrape_errors = 0
+        self.load_ended_t: float | None = None
+        self.died_t: float | None = None  # when the harness found the container gone
+        self._t0 = 0.0
+        self._procs: list[asyncio.subprocess.Process] = []
+        self._sink_addr = ""
+        self._cur_cpu, self._cur_mem = cfg.cpu, cfg.memory
+        self.sink_report: dict[str, Any] = {}
+        self.publish_report: dict[str, Any] = {}
+        self.final_inspect: dict[str, Any] = {}
+        self.oom_start: dict[str, int] = {}
+        self.oom_end: dict[str, int] = {}  # the last counters read (the cgroup may vanish)
+        self.kernel_ooms: list[str] = []
+        self.container_id = ""
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    # ------------------------------------------------------------------ processes
+
+    async def _spawn(self, *argv: str) -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        self._procs.append(proc)
+        return proc
+
+    @staticmethod
+    def _loadgen(*args: str) -> list[str]:
+        main = "from loadgen.cli import main; raise SystemExit(main())"
+        return [sys.executable, "-c", main, *args]
+
+    async def start_sink(self) -> None:
+        proc = await self._spawn(
+            *self._loadgen("sink", "--listen", "127.0.0.1:0", "--no-fsync", "--json")
+        )
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        if not line.startswith("sink listening on "):
+            raise RuntimeError(f"sink did not start: {line!r}")
+        self._sink_addr = line.split()[-1]
+
+    async def start_bridge(self) -> None:
+        await self.podman.remove(self.name)
+        env_args: list[str] = []
+        for k, v in self.cfg.env.items():
+            env_args += ["--env", f"{k}={v}"]
+        await self.podman.run(
+            "run",
+            "--detach",
+            "--name",
+            self.name,
+            "--label",
+            f"{LABEL}=1",
+            "--label",
+            f"{LABEL}.owner={os.getpid()}",
+            "--network",
+            "host",
+            "--cpus",
+            f"{self.cfg.cpu:g}",
+            "--memory",
+            f"{self.cfg.memory}b",
+            "--memory-swap",
+            f"{self.cfg.memory}b",
+            "--log-driver",
+            "k8s-file",
+            *ULIMITS,
+            *env_args,
+            self.cfg.image,
+            "--host",
+            "127.0.0.1",
+            "--ws-port",
+            str(self.ports["ws"]),
+            "--grpc-port",
+            str(self.ports["grpc"]),
+            "--http-port",
+            str(self.ports["http"]),
+            "--sink-address",
+            self._sink_addr,
+            "--max-frame-bytes",
+            str(self.cfg.max_frame_bytes),
+            "--log-format",
+            "json",
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError, TimeoutError, ValueError, IndexError):
+                if (await http_get(self.ports["http"], "/readyz"))[0] == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"bridge not ready in 60 s:\n{await self.logs()}")
+            await asyncio.sleep(0.2)
+        state = await self.podman.inspect(self.name)
+        self.pid = int(state["State"]["Pid"])
+        self.container_id = str(state["Id"])
+        self.started_at = str(state["State"]["StartedAt"])
+        self.cgroup = ContainerCgroup.of_pid(self.pid)
+        self.oom_start = self.cgroup.oom_counters()
+
+    async def logs(self, tail: int = 40) -> str:
+        try:
+            return await self.podman.run("logs", "--tail", str(tail), self.name)
+        except PodmanError as e:
+            return str(e)
+
+    async def start_publisher(
+        self, transport: str, duration_s: float
+    ) -> asyncio.subprocess.Process:
+        ld = self.cfg.load
+        target = (
+            ["--ws", f"ws://127.0.0.1:{self.ports['ws']}/v1/ingest"]
+            if transport == "ws"
+            else ["--grpc", f"127.0.0.1:{self.ports['grpc']}"]
+        )
+        return await self._spawn(
+            *self._loadgen(
+                "publish",
+                *target,
+                "--edges",
+                str(ld.edges),
+                "--streams-per-edge",
+                str(ld.streams_per_edge),
+                "--rate",
+                str(ld.rate_hz),
+                "--points",
+                str(ld.points),
+                "--duration",
+                f"{duration_s:.1f}",
+                "--drain-timeout",
+                "60",
+                "--device-prefix",
+                f"{self.name}-{transport}",
+                "--json",
+            )
+        )
+
+    @staticmethod
+    async def _json_output(proc: asyncio.subprocess.Process, what: str) -> dict[str, Any]:
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), 120)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise RuntimeError(f"{what} gave no summary within 120 s") from None
+        text = out.decode()
+        start = text.find("{")
+        if proc.returncode not in (0,) or start < 0:
+            raise RuntimeError(f"{what} exited {proc.returncode}: {text[-2000:]}{err.decode()}")
+        rep: dict[str, Any] = json.loads(text[start:])
+        return rep
+
+    async def _publish(self, duration_s: float) -> dict[str, Any]:
+        """One publisher per transport; their summaries added up (``by_transport`` keeps each)."""
+        procs = [(t, await self.start_publisher(t, duration_s)) for t in self.cfg.load.transports]
+        reps = [(t, await self._json_output(p, f"publisher ({t})")) for t, p in procs]
+        total: dict[str, Any] = {"by_transport": dict(reps)}
+        for key in (
+            "published",
+            "undelivered",
+            "dropped_resend_overflow",
+            "disconnects",
+            "reconnects",
+            "connect_failures",
+        ):
+            total[key] = sum(int(r.get(key, 0)) for _, r in reps)
+        total["pauses"] = sum(int(r.get("pauses", 0)) for _, r in reps)
+        return total
+
+    # ------------------------------------------------------------------ sampling
+
+    async def scrape(self) -> dict[str, float]:
+        status, body = await http_get(self.ports["http"], "/metrics")
+        if status != 200:
+            raise ValueError(f"/metrics answered {status}")
+        return parse_metrics(body)
+
+    def _cg_values(self) -> tuple[int, int | None, float | None]:
+        assert self.cgroup is not None
+        return (
+            self.cgroup.memory_usage(),
+            self.cgroup.memory_limit(),
+            self.cgroup.cpu_limit_cores(),
+        )
+
+    async def _sample_loop(self) -> None:
+        next_t = time.monotonic()
+        while True:
+            try:
+                metrics = await self.scrape()
+            except (OSError, TimeoutError, ValueError, IndexError):
+                metrics = {}
+                self.scrape_errors += 1
+            try:
+                usage, limit, cpu = self._cg_values()
+            except OSError:
+                usage = -1
+            if usage < 0 or not self.alive():
+                self._died()
+                return  # the container is gone: the final checks say why
+            anon, vmrss = process_rss(self.pid)
+            self.samples.append(Sample(self.now(), anon, usage, limit, cpu, metrics, vmrss))
+            with contextlib.suppress(OSError, ValueError):
+                self.oom_end = self.cgroup.oom_counters() if self.cgroup else {}
+            next_t += SAMPLE_S
+            await asyncio.sleep(max(0.0, next_t - time.monotonic()))
+
+    def working_set(self, window_s: float = 3.0) -> int:
+        """Peak of RSS and cgroup usage over the last ``window_s`` seconds."""
+        now = self.now()
+        recent = [max(s.rss, s.usage) for s in self.samples if s.t >= now - window_s]
+        return max(recent) if recent else 0
+
+    # ------------------------------------------------------------------ steps
+
+    async def _apply(self, i: int, step: Step, resizer: Resizer) -> StepResult:
+        cpu = step.cpu if step.cpu is not None else self._cur_cpu
+        mem: int
+        if step.memory == "working-set":
+            mem = round_up(self.working_set() + self.cfg.ws_margin, 4 * MiB)
+        elif isinstance(step.memory, int):
+            mem = step.memory
+        else:
+            mem = self._cur_mem
+        res = StepResult(i, step.label, self.now(), cpu, mem)
+        t = time.monotonic()
+        try:
+            res.notes += await resizer.resize(cpu, mem)
+        except (PodmanError, RuntimeError, OSError) as e:
+            res.notes.append(f"resize failed: {e}")
+        res.resize_ms = (time.monotonic() - t) * 1000
+        self._cur_cpu, self._cur_mem = cpu, mem
+        await self._await_seen(res)
+        return res
+
+    async def _await_seen(self, res: StepResult, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        """Until the bridge's reported limits equal the cgroup's (read from the host)."""
+        t0 = time.monotonic()
+        while True:
+            try:
+                _, res.cgroup_memory, res.cgroup_cpu = self._cg_values()
+            except OSError:
+                res.notes.append("the container is gone (its cgroup was removed)")
+                return
+            with contextlib.suppress(OSError, TimeoutError, ValueError, IndexError):
+                m = await self.scrape()
+                res.seen_cpu = m.get("bridge_limit_cpu_cores")
+                res.seen_memory = m.get("bridge_limit_memory_bytes")
+            if _equal(res.seen_cpu, res.cgroup_cpu) and _equal(res.seen_memory, res.cgroup_memory):
+                res.match = True
+                res.seen_after_ms = (time.monotonic() - t0) * 1000
+                return
+            if time.monotonic() - t0 > timeout:
+                res.notes.append(f"bridge still reports other limits after {timeout:.0f} s")
+                return
+            await asyncio.sleep(0.05)
+
+    # ------------------------------------------------------------------ the run
+
+    async def run(
+        self,
+        steps: list[Step],
+        resizer_factory: Callable[[ContainerRig], Awaitable[Resizer]],
+        before_bridge: Callable[[ContainerRig], Awaitable[None]] | None = None,
+    ) -> None:
+        """Sink → (``before_bridge``) → bridge → publisher + sampler → steps → reports."""
+        self._t0 = time.monotonic()
+        await self.start_sink()
+        if before_bridge is not None:
+            await before_bridge(self)
+        await self.start_bridge()
+        resizer = await resizer_factory(self)
+        sampler = asyncio.ensure_future(self._sample_loop())
+        duration = self.cfg.warmup_s + sum(s.hold_s for s in steps) + 4.0
+        pub_result = asyncio.ensure_future(self._publish(duration))
+        try:
+            await asyncio.sleep(self.cfg.warmup_s)
+            for i, step in enumerate(steps, 1):
+                t_step = time.monotonic()
+                self.steps.append(await self._apply(i, step, resizer))
+                while self.died_t is None and time.monotonic() - t_step < step.hold_s:
+                    if not self.alive():
+                        self._died()
+                    await asyncio.sleep(0.2)
+                if self.died_t is not None:
+                    break
+            try:
+                self.publish_report = await pub_result
+            except RuntimeError as e:
+                self.publish_report = {"error": str(e)[-500:]}
+            self.load_ended_t = self.now()
+            await asyncio.sleep(1.0)  # the last acks and samples
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+            if not pub_result.done():
+                pub_result.cancel()
+        with contextlib.suppress(PodmanError):
+            self.final_inspect = await self.podman.inspect(self.name)
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.oom_end = self.cgroup.oom_counters()
+        self.kernel_ooms = await asyncio.to_thread(kernel_oom_kills, self.container_id)
+        sink = self._procs[0]
+        if sink.returncode is None:
+            sink.send_signal(signal.SIGTERM)
+        self.sink_report = await self._json_output(sink, "sink")
+
+    def alive(self) -> bool:
+        """The bridge process (the container's PID 1) and its cgroup still exist."""
+        return (
+            self.cgroup is not None
+            and os.path.exists(f"/proc/{self.pid}")
+            and self.cgroup.memory_dir.exists()
+        )
+
+    def _died(self) -> None:
+        """The bridge is gone: the edges would only retry it, so they are stopped (their
+        summaries are lost; the checks fail on the death itself)."""
+        if self.died_t is not None:
+            return
+        self.died_t = self.now()
+        for proc in self._procs[1:]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    async def close(self) -> None:
+        """Every exit path: children killed, the container removed."""
+        for proc in self._procs:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(proc.wait(), 5)
+        await self.podman.remove(self.name)
+
+
+def _equal(a: float | None, b: float | None) -> bool:
+    if a is None:
+        return False
+    if b is None:
+        return a == float("inf")
+    return abs(a - b) <= 1e-6 * max(1.0, abs(b))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def remove_stale(podman: Podman) -> list[str]:
+    """Remove rig containers whose owning process is gone (a run killed with SIGKILL)."""
+    out = await podman.run("ps", "--all", "--filter", f"label={LABEL}=1", "--format", "{{.Names}}")
+    removed = []
+    for name in out.split():
+        if not name.startswith(f"{LABEL}-"):
+            continue
+        state = await podman.inspect(name)
+        owner = state.get("Config", {}).get("Labels", {}).get(f"{LABEL}.owner", "")
+        if owner.isdigit() and _alive(int(owner)):
+            continue
+        await podman.remove(name)
+        removed.append(name)
+    return removed

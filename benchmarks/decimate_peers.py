@@ -1,0 +1,194 @@
+"""What ``benchmarks/decimate.py`` measures besides our backends: PCL's ``VoxelGrid`` (a small
+C++ harness built on demand), the bridge's in-service path, and real frames from disk.
+
+PCL is the strongest CPU peer for voxel decimation, but a Python binding would measure the
+binding: the harness loads the cloud once and times only ``filter()`` (median after a warm-up),
+so PCL gets the benefit of every doubt. It is built into ``build/bench/`` (ignored by git) when
+Debian's ``libpcl-dev`` headers are there, and skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import glob
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bridge.cloud import CloudLayout, make_layout
+
+REPO = Path(__file__).resolve().parents[1]
+HARNESS_SRC = Path(__file__).with_name("pcl_voxelgrid.cpp")
+HARNESS_BIN = REPO / "build" / "bench" / "pcl_voxelgrid"
+XYZI_LAYOUT = make_layout(16, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7), ("intensity", 12, 7)])
+XYZ_BIN_LAYOUT = make_layout(12, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7)])
+XYZRGB_LAYOUT = make_layout(16, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7), ("rgb", 12, 6)])
+BIN_LAYOUTS = {"xyzi": XYZI_LAYOUT, "xyz": XYZ_BIN_LAYOUT}
+
+#: (seconds per call, output points), measured inside the peer's own process.
+Timed = Callable[[], tuple[float, int]]
+
+#: The clock every method is timed with: wall time, or (``--cpu-time``) this process's CPU time,
+#: steadier on a shared machine for one-thread methods (a multi-threaded call adds its threads').
+CLOCK: dict[str, Callable[[], float]] = {"now": time.perf_counter}
+CPU_TIME = {"on": False}
+
+
+def use_cpu_time(on: bool) -> None:
+    CPU_TIME["on"] = on
+    CLOCK["now"] = time.process_time if on else time.perf_counter
+
+
+def pcl_harness() -> tuple[Path | None, str]:
+    """The built harness, or None and why not (headers missing, no compiler, build error)."""
+    if HARNESS_BIN.exists() and HARNESS_BIN.stat().st_mtime >= HARNESS_SRC.stat().st_mtime:
+        return HARNESS_BIN, "built"
+    headers = sorted(glob.glob("/usr/include/pcl-*/pcl/filters/voxel_grid.h"))
+    if not headers:
+        return None, "PCL headers not found (apt-get install libpcl-dev)"
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        return None, "no C++ compiler"
+    include = str(Path(headers[-1]).parents[2])
+    HARNESS_BIN.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [cxx, "-O3", "-std=c++17", f"-I{include}", "-I/usr/include/eigen3"]
+    cmd += [str(HARNESS_SRC), "-o", str(HARNESS_BIN), "-lpcl_filters", "-lpcl_common"]
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        return None, f"PCL harness build failed: {detail.strip()[-300:]}"
+    return HARNESS_BIN, "built"
+
+
+def pcl_timed(
+    harness: Path,
+    xyz: npt.NDArray[np.float32],
+    rgb: npt.NDArray[np.uint8] | None,
+    voxel: float,
+    repeats: int,
+) -> Timed:
+    """PCL VoxelGrid on the finite points (PointXYZRGB when there are colours)."""
+    if rgb is None:
+        raw = np.ascontiguousarray(xyz, dtype="<f4").tobytes()
+    else:
+        rec = np.zeros(len(xyz), dtype=[("xyz", "<f4", 3), ("rgb", "<u4")])
+        rec["xyz"] = xyz
+        rgba = np.zeros((len(xyz), 4), dtype=np.uint8)
+        rgba[:, :3] = rgb[:, ::-1]  # PCL packs rgb as 0x00RRGGBB: b, g, r in memory
+        rec["rgb"] = rgba.view("<u4")[:, 0]
+        raw = rec.tobytes()
+
+    def run() -> tuple[float, int]:
+        with tempfile.NamedTemporaryFile(suffix=".bin") as f:
+            f.write(raw)
+            f.flush()
+            args = [str(harness), f.name, "1" if rgb is not None else "0", repr(voxel)]
+            args += [str(max(3, repeats)), "cpu" if CPU_TIME["on"] else "wall"]
+            out = subprocess.run(args, check=True, capture_output=True, text=True)
+        seconds, count = out.stdout.split()
+        return float(seconds), int(count)
+
+    return run
+
+
+def service_timed(
+    layout: CloudLayout, data: bytes, voxel: float, threads: int, repeats: int
+) -> Timed:
+    """The bridge worker's whole job for one frame (``processing.process_frame``): the parsed
+    Frame in, the serialized ProcessedFrame out, C backend, ``threads`` kernel threads."""
+    from bridge.decimate import get_decimator
+    from bridge.processing import process_frame
+    from bridge.v1 import bridge_pb2 as pb
+
+    frame = pb.Frame(stream_id="bench", seq=1, capture_time_ns=1)
+    pc = frame.point_cloud
+    pc.point_stride = layout.stride
+    pc.data = data
+    for f in layout.fields:
+        pc.fields.add(name=f.name, offset=f.offset, type=int(f.type))
+    frame = pb.Frame.FromString(frame.SerializeToString())  # as a worker gets it: parsed
+    config = SimpleNamespace(voxel_size=voxel, max_points=0, passthrough=False)
+    stream = SimpleNamespace(stream_id="bench", device_id="bench", config=config, key=("b", "b"))
+    item: Any = SimpleNamespace(
+        stream=stream,
+        entry=SimpleNamespace(ingest_ns=1),
+        frame=frame,
+        layout=layout,
+        points=len(data) // layout.stride,
+    )
+    decimator = get_decimator("c", threads=threads)
+
+    def run() -> tuple[float, int]:
+        process_frame(item, decimator, threads=threads)  # warm-up (per-thread buffers)
+        times = []
+        for _ in range(max(3, repeats)):
+            t0 = CLOCK["now"]()
+            process_frame(item, decimator, threads=threads)
+            times.append(CLOCK["now"]() - t0)
+        out = pb.ProcessedFrame.FromString(process_frame(item, decimator, threads=threads)[0])  # type: ignore[arg-type]
+        return sorted(times)[len(times) // 2], out.decimation.output_points
+
+    return run
+
+
+def read_frame(
+    path: Path, bin_layout: str, o3d: Any
+) -> tuple[CloudLayout, bytes, npt.NDArray[np.float32], npt.NDArray[np.uint8] | None] | None:
+    """(layout, packed records, finite xyz, finite rgb or None) of a .pcd/.ply (through Open3D,
+    packed x, y, z, rgb, NaN points kept) or a KITTI-style .bin (float32 records)."""
+    if path.suffix == ".bin":
+        layout = BIN_LAYOUTS[bin_layout]
+        raw = path.read_bytes()
+        raw = raw[: len(raw) - len(raw) % layout.stride]
+        xyz = np.frombuffer(raw, dtype="<f4").reshape(-1, layout.stride // 4)[:, :3]
+        finite = np.isfinite(xyz).all(axis=1)
+        return layout, raw, np.ascontiguousarray(xyz[finite]), None
+    if o3d is None:
+        return None
+    pcd = o3d.t.io.read_point_cloud(str(path))
+    xyz = pcd.point.positions.numpy().astype(np.float32)
+    rgb = None
+    if "colors" in pcd.point:
+        colors = pcd.point.colors.numpy()
+        scale = 255.0 if colors.dtype.kind == "f" else 1.0
+        rgb = np.clip(np.rint(colors * scale), 0, 255).astype(np.uint8)
+    rec = np.zeros(len(xyz), dtype=XYZRGB_LAYOUT.structured_dtype)
+    for i, a in enumerate("xyz"):
+        rec[a] = xyz[:, i]
+    if rgb is not None:
+        rgba = np.zeros((len(xyz), 4), dtype=np.uint8)
+        rgba[:, :3] = rgb
+        rec["rgb"] = rgba.view("<u4")[:, 0]
+    finite = np.isfinite(xyz).all(axis=1)
+    frgb = None if rgb is None else np.ascontiguousarray(rgb[finite])
+    return XYZRGB_LAYOUT, rec.tobytes(), np.ascontiguousarray(xyz[finite]), frgb
+
+
+def ratio_summary(rows: list[Any]) -> str:
+    """One line per case: the ratios the targets are stated in (same inputs, same run)."""
+    by = {r.method: r for r in rows}
+    c1 = by.get("c x1")
+    if c1 is None:
+        return ""
+    parts = [f"{rows[0].case}:"]
+    if c1.ratio_vs_pcl is not None:
+        parts.append(f"c x1 / pcl {c1.ratio_vs_pcl:.2f}")
+    if c1.ratio_vs_open3d_best is not None:
+        parts.append(f"c x1 / o3d best {c1.ratio_vs_open3d_best:.2f}")
+    multi = [r for r in rows if r.method.startswith("c x") and r.method[3:].isdigit()]
+    top = max(multi, key=lambda r: int(r.method[3:]))
+    if top is not c1:
+        parts.append(f"{top.method} / c x1 {top.mpts_per_s / c1.mpts_per_s:.2f}")
+    for r in rows:
+        bare = by.get(r.method.removesuffix(" service"))
+        if r.method.endswith(" service") and bare is not None:
+            parts.append(f"{r.method} / bare {r.median_s / bare.median_s:.2f}x time")
+    return "  " + "  ".join(parts)
