@@ -368,7 +368,9 @@ class BridgeCore:
         if stream is None:
             return True
         ring = stream.ring
-        return ring.free_bytes >= max(size, ring.capacity_bytes // 2)
+        # No floor under a ring's share: a frame may be larger than the whole ring (it
+        # borrows), so an empty ring always resumes.
+        return ring.occupancy_bytes == 0 or ring.free_bytes >= max(size, ring.capacity_bytes // 2)
 
     # -- processing -------------------------------------------------------------------------
     def take_work(self, accept: Callable[[Stream], bool] | None = None) -> WorkItem | None:

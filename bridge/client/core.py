@@ -146,6 +146,7 @@ class StreamState:
         "accepted",
         "buf",
         "delivered",
+        "handed",
         "next_seq",
         "paused",
         "pending",
@@ -161,6 +162,9 @@ class StreamState:
         # Seqs sent at least once and not yet covered by accepted_seq: an ack counts only
         # these, never the frames evicted unsent that its cumulative seq jumps over.
         self.unaccepted: deque[int] = deque()
+        # (seq, capture time) of accepted frames evicted from the buffer: the bridge still
+        # delivers them, so they count as delivered then, not as dropped.
+        self.handed: deque[tuple[int, int]] = deque()
         self.accepted = 0
         self.delivered = 0
         self.paused = False
@@ -270,18 +274,30 @@ class EdgeCore:
             for s in self.streams.values()
             if not self.protect_backpressure or not s.spec.waits_for_room
         ]
+        held: Entry | None = None  # the oldest frame the bridge already accepted
         victim: Entry | None = None
         oldest: Entry | None = None
         for s in streams:
             for e in s.buf.values():
                 if e is newest:
                     break
+                if e.seq <= s.accepted:
+                    if held is None or e.order < held.order:
+                        held = e
+                    continue
                 if oldest is None or e.order < oldest.order:
                     oldest = e
                 if e.transmissions == 0:
                     if victim is None or e.order < victim.order:
                         victim = e
                     break
+        if held is not None:
+            # Accepted: the bridge holds it and delivers it; only its resend is given up.
+            st = self.streams[held.stream_id]
+            del st.buf[held.seq]
+            st.handed.append((held.seq, held.capture_time_ns))
+            self._forget(held)
+            return True
         victim = victim or oldest
         if victim is None:
             return False
@@ -343,6 +359,11 @@ class EdgeCore:
             if first and state is not None:
                 self._continue_after(st, max(state.accepted_seq, state.delivered_seq))
             self._delivered(st, state.delivered_seq if state else 0, now_ns)
+            if not (welcome.resumed and state is not None):
+                # A new session lost the ring: accepted frames handed to the old one are gone.
+                lost = [h for h in st.handed if h[0] > st.delivered]
+                self.stats.dropped += len(lost)
+                st.handed.clear()
             if welcome.resumed and state is not None:
                 start = max(st.delivered, state.accepted_seq)
                 self._accepted(st, state.accepted_seq)
@@ -387,6 +408,11 @@ class EdgeCore:
             return
         st.delivered = seq
         hook = self.on_delivered
+        while st.handed and st.handed[0][0] <= seq:
+            handed_seq, capture_ns = st.handed.popleft()
+            self.stats.delivered += 1
+            if hook is not None:
+                hook(st.spec.stream_id, handed_seq, capture_ns, now_ns)
         while st.buf:
             first = next(iter(st.buf))
             if first > seq:
