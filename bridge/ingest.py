@@ -210,6 +210,7 @@ class EdgeConnection:
         self._flow_want = False  # session-wide PAUSE wanted (a receive grant is waiting)
         self._flow_sent = False
         self._flow_task: asyncio.Future[None] | None = None
+        self._last_size = 0  # the last message's bytes: the low watermark's unit
 
     def wake_acks(self, *, urgent: bool) -> None:
         self._acks_due.set()
@@ -335,7 +336,7 @@ class EdgeConnection:
             received = await self.transport.recv()
             if received is None:
                 return
-            size = len(received.data)
+            size = self._last_size = len(received.data)
             metrics.frames_received.labels(transport).inc()
             metrics.bytes_received.labels(transport).inc(size)
             frame: pb.Frame | None = None
@@ -378,6 +379,13 @@ class EdgeConnection:
         try:
             while self._flow_want != self._flow_sent:
                 want = self._flow_want
+                if not want:
+                    # Hysteresis: a grant right after a wait means room for one message; a
+                    # RESUME then would bring a PAUSE back after the next one. Wait until the
+                    # session's rings drained to their low watermark.
+                    await self._until_session_drained()
+                    if self._flow_want:
+                        continue
                 action = pb.FlowControl.PAUSE if want else pb.FlowControl.RESUME
                 msg = pb.BridgeMessage(flow_control=pb.FlowControl(action=action))
                 with contextlib.suppress(ConnectionError):
@@ -396,6 +404,9 @@ class EdgeConnection:
             if not state["taken"]:
                 charge.release()
         if state["paused"]:
+            # Hysteresis: RESUME only once the ring drained to its low watermark.
+            if not await self._until_resume_ready(frame.stream_id, size):
+                return
             await self.send(
                 pb.BridgeMessage(
                     flow_control=pb.FlowControl(
@@ -403,6 +414,28 @@ class EdgeConnection:
                     )
                 )
             )
+
+    async def _until_session_drained(self) -> None:
+        session = self.session
+        if session is None:
+            return
+        for stream_id in list(session.streams):
+            if not await self._until_resume_ready(stream_id, self._last_size):
+                return
+
+    async def _until_resume_ready(self, stream_id: str, size: int) -> bool:
+        """Wait until the paused stream's ring is down to its low watermark (False: draining)."""
+        core = self._core
+        assert self.session is not None
+        while not core.resume_ready(self.session, stream_id, size):
+            space = self._edges.space_event((self.session.device_id, stream_id))
+            space.clear()
+            if core.resume_ready(self.session, stream_id, size):
+                break
+            await space.wait()
+            if self._edges.draining:
+                return False
+        return True
 
     async def _offer_until_taken(
         self, frame: pb.Frame, size: int, charge: Charge, state: dict[str, bool]

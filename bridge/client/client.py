@@ -365,8 +365,10 @@ class EdgeClient:
                     if (entry := self.core.next_to_send(limit)) is None:
                         await self._wake.wait()
                         continue
-                await conn.send(entry.data)
+                data = entry.data
+                # Marked before the await: a frame on its way out must not be evicted as unsent.
                 self.core.mark_sent(entry)
+                await conn.send(data)
                 # websockets' send() does not yield while the socket takes data.
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
