@@ -45,14 +45,15 @@ _PF_SEQ, _PF_CAPTURE, _PF_BRIDGE_SEQ, _PF_DEVICE = (
 )
 
 
-def scan_processed(buf: bytes) -> tuple[bytes, int, int, int]:
+def scan_processed(buf: bytes, i: int = 0, n: int = -1) -> tuple[bytes, int, int, int]:
     """(device_id, seq, capture_time_ns, bridge_seq) of a serialized ProcessedFrame.
 
     Walks the top-level fields only, so the cloud is skipped, not copied (``FromString`` would copy
     1.2 MB per frame in the sink, i.e. in the load process, and blur the comparison).
     """
     device, seq, capture, bridge_seq = b"", 0, 0, 0
-    i, n = 0, len(buf)
+    if n < 0:
+        n = len(buf)
     while i < n:
         key, i = decode_varint(buf, i)
         number, wire = key >> 3, key & 7

@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from bridge.batches import frames_of
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
 from loadgen.edge import cancel_and_wait
@@ -67,6 +68,11 @@ class _Servicer(bridge_pb2_grpc.VisualizationSinkServicer):
 
     async def Push(self, request_iterator: AsyncIterator[pb.ProcessedFrame], context: Any) -> None:
         await self._server._push(request_iterator, context)
+
+    async def PushBatch(
+        self, request_iterator: AsyncIterator[pb.ProcessedFrameBatch], context: Any
+    ) -> None:
+        await self._server._push(frames_of(request_iterator), context)
 
 
 class SinkServer:
