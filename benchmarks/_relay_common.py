@@ -19,7 +19,9 @@ MiB = 1 << 20
 SIZES: dict[str, int] = {"1KB": 1024, "100KB": 100 * 1024, "1.2MB": 1_200_000}
 """Point-cloud payload bytes per message (1.2 MB = 100 k xyz float32 points)."""
 CONNS = (1, 32)
-TARGETS = ("raw-ws", "bridge-ws", "raw-grpc", "bridge-grpc")
+TARGETS = ("raw-ws", "bridge-ws", "bridgeB-ws", "raw-grpc", "bridge-grpc", "bridgeB-grpc")
+"""``bridgeB-*``: the bridge with ``--batch`` frames per FrameBatch message (small sizes only)."""
+BATCH_MAX_BYTES = 256 * 1024  # batched cells run where ``batch`` frames fit in this
 QUICK_SIZES = ("1KB", "1.2MB")
 QUICK_CONNS = (1,)
 
@@ -155,6 +157,7 @@ class BenchConfig:
     seconds: float = 3.0
     warmup: float = 1.0
     window: int = 8
+    batch: int = 16  # frames per message in the bridgeB-* cells
     bridge_args: Sequence[str] = ()  # extra ``simbridge serve`` flags (to try a setting)
 
 
