@@ -44,7 +44,8 @@ def decode_edge(raw: bytes, limits: Limits) -> pb.EdgeMessage:
     """
     if len(raw) > limits.max_frame_bytes:
         raise FrameTooLarge(f"message of {len(raw)} bytes exceeds max {limits.max_frame_bytes}")
-    telemetry_bytes = _telemetry_size(raw)
+    # A message no larger than the limit cannot carry too much telemetry: skip the walk.
+    telemetry_bytes = _telemetry_size(raw) if len(raw) > limits.max_telemetry_bytes else 0
     if telemetry_bytes > limits.max_telemetry_bytes:
         raise TelemetryTooLarge(
             f"telemetry of {telemetry_bytes} bytes exceeds max_telemetry_bytes "
@@ -61,7 +62,7 @@ def decode_edge(raw: bytes, limits: Limits) -> pb.EdgeMessage:
         raise MalformedMessage("EdgeMessage carries neither hello nor frame")
     if kind == "batch":  # a batch arriving where is_batch() was not asked (e.g. first message)
         raise MalformedMessage("a FrameBatch is not a whole EdgeMessage here")
-    if kind == "frame" and telemetry_bytes:
+    if kind == "frame" and msg.frame.HasField("telemetry"):
         _check_entries(msg.frame, limits)
     return msg
 

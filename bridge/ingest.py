@@ -489,9 +489,10 @@ class EdgeConnection:
     ) -> None:
         core, metrics = self._core, self._metrics
         assert self.session is not None
+        space: asyncio.Event | None = None  # taken only once a ring is full (a weakref'd dict)
         while True:
-            space = self._edges.space_event((self.session.device_id, frame.stream_id))
-            space.clear()
+            if space is not None:
+                space.clear()  # cleared before the offer: a wake-up after it is not lost
             outcome = core.offer(self.session, frame, size, time.time_ns(), charge)
             if outcome is Offer.ACCEPTED:
                 state["taken"] = True
@@ -510,6 +511,9 @@ class EdgeConnection:
                         )
                     )
                 )
+            if space is None:
+                space = self._edges.space_event((self.session.device_id, frame.stream_id))
+                continue  # offer once more with the event cleared, then wait
             await space.wait()
             if self._edges.draining:
                 return
