@@ -331,19 +331,31 @@ class EdgeConnection:
     async def _read_loop(self) -> None:
         metrics = self._metrics
         transport = self.transport.name
+        received_frames = metrics.frames_received.labels(transport)
+        received_bytes = metrics.bytes_received.labels(transport)
+        limits = self._config.limits
         assert self.session is not None
         while True:
             received = await self.transport.recv()
             if received is None:
                 return
             size = self._last_size = len(received.data)
-            metrics.frames_received.labels(transport).inc()
-            metrics.bytes_received.labels(transport).inc(size)
+            received_frames.inc()
+            received_bytes.inc(size)
             frame: pb.Frame | None = None
             charge: Charge | None = received.charge
             try:
-                msg = codec.decode_edge(received.data, self._config.limits)
-                del received  # the wire bytes: only the parsed frame (charged) is kept
+                data = received.data
+                del received
+                if codec.is_batch(data):
+                    spans = codec.batch_spans(data, limits)
+                    owned, charge = charge, None
+                    assert owned is not None
+                    if not await self._admit_batch(data, spans, owned):
+                        return
+                    continue
+                msg = codec.decode_edge(data, limits)
+                del data  # the wire bytes: only the parsed frame (charged) is kept
                 if msg.WhichOneof("kind") != "frame":
                     raise ProtocolViolation("Hello may only be sent once per connection")
                 frame = msg.frame
@@ -360,6 +372,41 @@ class EdgeConnection:
             finally:
                 if charge is not None:
                     charge.release()
+
+    async def _admit_batch(self, data: bytes, spans: list[tuple[int, int]], charge: Charge) -> bool:
+        """Each frame of a batch as if it came alone, in order: its own slice of the message's
+        charge, its own refusal. False when a fatal refusal ended the connection."""
+        limits = self._config.limits
+        last = len(spans) - 1
+        for index, (start, end) in enumerate(spans):
+            part: Charge | None = (
+                charge if index == last else charge.split(min(end - start, charge.nbytes))
+            )
+            frame: pb.Frame | None = None
+            try:
+                frame = codec.decode_frame(data, start, end, limits)
+                assert part is not None
+                if self._edges.draining:
+                    part.release()
+                    continue
+                owned, part = part, None
+                await self._admit(frame, end - start, owned)
+            except ProtocolError as exc:
+                if part is not None:
+                    part.release()
+                if exc.fatal:
+                    if index != last:
+                        charge.release()
+                    await self._refuse(exc, fatal=True)
+                    return False
+                await self._refuse(exc, fatal=False, frame=frame or exc.frame)
+            except BaseException:
+                if part is not None and not part.released:
+                    part.release()
+                if index != last and not charge.released:
+                    charge.release()
+                raise
+        return True
 
     def _on_grant_wait(self, waiting: bool) -> None:
         """Reading stopped for a memory grant: tell the whole session to pause (and resume).
@@ -442,9 +489,10 @@ class EdgeConnection:
     ) -> None:
         core, metrics = self._core, self._metrics
         assert self.session is not None
+        space: asyncio.Event | None = None  # taken only once a ring is full (a weakref'd dict)
         while True:
-            space = self._edges.space_event((self.session.device_id, frame.stream_id))
-            space.clear()
+            if space is not None:
+                space.clear()  # cleared before the offer: a wake-up after it is not lost
             outcome = core.offer(self.session, frame, size, time.time_ns(), charge)
             if outcome is Offer.ACCEPTED:
                 state["taken"] = True
@@ -463,6 +511,9 @@ class EdgeConnection:
                         )
                     )
                 )
+            if space is None:
+                space = self._edges.space_event((self.session.device_id, frame.stream_id))
+                continue  # offer once more with the event cleared, then wait
             await space.wait()
             if self._edges.draining:
                 return

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from bridge.client.core import DeliveryHook, EdgeCore, EdgeStats, StreamSpec
+from bridge import batches
+from bridge.client.core import DeliveryHook, EdgeCore, EdgeStats, Entry, StreamSpec
 from bridge.client.payload import Payload, PreparedPayload
 from bridge.client.transport import Connection, Endpoint, TlsConfig, Transport, open_connection
 from bridge.v1 import bridge_pb2 as pb
@@ -75,6 +76,12 @@ class EdgeClient:
     (the load generator): publish never waits and the oldest frame of any stream is evicted.
     ``on_delivered(stream_id, seq, capture_time_ns, now_ns)`` is called once per delivered frame,
     on the event loop.
+
+    Batching (when the bridge's Welcome allows it): frames waiting to go out are sent together,
+    up to ``batch_bytes`` per message (0 = one frame per message; larger frames always go alone).
+    While traffic is dense (the previous message went out less than ``batch_linger`` seconds
+    ago) the sender waits up to ``batch_linger`` for a batch to fill; an isolated frame (e.g.
+    100 Hz telemetry with a 5 ms linger) never waits.
     """
 
     def __init__(
@@ -94,6 +101,8 @@ class EdgeClient:
         welcome_timeout: float = 10.0,
         # Behaviour
         wait_for_room: bool = True,
+        batch_bytes: int = 64 * 1024,
+        batch_linger: float = 0.005,
         stats: EdgeStats | None = None,
         on_delivered: DeliveryHook | None = None,
         seed: int | None = None,
@@ -118,6 +127,10 @@ class EdgeClient:
         self.connect_timeout = connect_timeout
         self.welcome_timeout = welcome_timeout
         self.wait_for_room = wait_for_room
+        if batch_bytes < 0 or not 0 <= batch_linger <= 1.0:
+            raise ValueError("batch_bytes >= 0 and 0 <= batch_linger <= 1 s please")
+        self.batch_bytes = batch_bytes
+        self.batch_linger = batch_linger
         #: The last Welcome (limits, resumed or not); None before the first one.
         self.welcome: pb.Welcome | None = None
         self._rng = random.Random(seed)
@@ -251,6 +264,43 @@ class EdgeClient:
 
     # -- connection loop ----------------------------------------------------------------------
 
+    def _batch_cap(self) -> int:
+        """Bytes one batch may carry (0: this bridge takes no batches or batching is off)."""
+        limits = self.welcome.limits if self.welcome else None
+        if limits is None or limits.max_batch_frames < 2 or self.batch_bytes == 0:
+            return 0
+        cap = self.batch_bytes
+        for bound in (limits.max_frame_bytes, limits.max_telemetry_bytes):
+            if bound:
+                cap = min(cap, bound - 64)  # room for the batch's own key and length
+        return cap
+
+    async def _fill_batch(
+        self, entries: list[Entry], cap: int, limit: int, *, linger: bool
+    ) -> None:
+        """Add frames waiting to be sent to ``entries`` (marked sent), within ``cap`` bytes and
+        the Welcome's frame count; waits up to ``batch_linger`` for more when ``linger``."""
+        assert self.welcome is not None
+        max_frames = self.welcome.limits.max_batch_frames
+        total = entries[0].nbytes
+        deadline = asyncio.get_running_loop().time() + self.batch_linger
+        while len(entries) < max_frames:
+            nxt = self.core.next_to_send(limit)
+            if nxt is None:
+                left = deadline - asyncio.get_running_loop().time()
+                if not linger or left <= 0:
+                    return
+                self._wake.clear()
+                if (nxt := self.core.next_to_send(limit)) is None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), left)
+                    continue
+            if total + nxt.nbytes > cap:
+                return
+            self.core.mark_sent(nxt)
+            entries.append(nxt)
+            total += nxt.nbytes
+
     def _notify(self) -> None:
         self._progress.set()
         self._progress = asyncio.Event()
@@ -355,6 +405,8 @@ class EdgeClient:
         return None
 
     async def _send_loop(self, conn: Connection) -> None:
+        loop = asyncio.get_running_loop()
+        last_send = -1.0
         try:
             while True:
                 limit = self.welcome.limits.max_frame_bytes if self.welcome else 0
@@ -365,10 +417,21 @@ class EdgeClient:
                     if (entry := self.core.next_to_send(limit)) is None:
                         await self._wake.wait()
                         continue
-                data = entry.data
                 # Marked before the await: a frame on its way out must not be evicted as unsent.
                 self.core.mark_sent(entry)
+                entries = [entry]
+                cap = self._batch_cap()
+                if entry.nbytes < cap:
+                    dense = loop.time() - last_send < self.batch_linger
+                    await self._fill_batch(entries, cap, limit, linger=dense)
+                if len(entries) > 1:
+                    self.stats.batches += 1
+                    data = batches.edge_batch([e.data for e in entries])
+                else:
+                    data = entry.data
                 await conn.send(data)
+                last_send = loop.time()
+                del data, entries, entry
                 # websockets' send() does not yield while the socket takes data.
                 await asyncio.sleep(0)
         except asyncio.CancelledError:

@@ -91,6 +91,7 @@ class EdgeStats:
 
     published: int = 0
     sent: int = 0
+    batches: int = 0  # messages that carried more than one frame
     resent: int = 0
     accepted: int = 0
     delivered: int = 0

@@ -182,23 +182,35 @@ class Frame(_message.Message):
     telemetry: Telemetry
     def __init__(self, stream_id: _Optional[str] = ..., seq: _Optional[int] = ..., capture_time_ns: _Optional[int] = ..., point_cloud: _Optional[_Union[PointCloud, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ...) -> None: ...
 
+class FrameBatch(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
+
 class EdgeMessage(_message.Message):
-    __slots__ = ("hello", "frame")
+    __slots__ = ("hello", "frame", "batch")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     FRAME_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     frame: Frame
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., frame: _Optional[_Union[Frame, _Mapping]] = ...) -> None: ...
+    batch: FrameBatch
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., frame: _Optional[_Union[Frame, _Mapping]] = ..., batch: _Optional[_Union[FrameBatch, _Mapping]] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("max_frame_bytes", "max_points", "max_streams_per_session")
+    __slots__ = ("max_frame_bytes", "max_points", "max_streams_per_session", "max_batch_frames", "max_telemetry_bytes")
     MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_POINTS_FIELD_NUMBER: _ClassVar[int]
     MAX_STREAMS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TELEMETRY_BYTES_FIELD_NUMBER: _ClassVar[int]
     max_frame_bytes: int
     max_points: int
     max_streams_per_session: int
-    def __init__(self, max_frame_bytes: _Optional[int] = ..., max_points: _Optional[int] = ..., max_streams_per_session: _Optional[int] = ...) -> None: ...
+    max_batch_frames: int
+    max_telemetry_bytes: int
+    def __init__(self, max_frame_bytes: _Optional[int] = ..., max_points: _Optional[int] = ..., max_streams_per_session: _Optional[int] = ..., max_batch_frames: _Optional[int] = ..., max_telemetry_bytes: _Optional[int] = ...) -> None: ...
 
 class StreamState(_message.Message):
     __slots__ = ("stream_id", "delivered_seq", "accepted_seq")
@@ -369,3 +381,9 @@ class SinkAck(_message.Message):
     bridge_seq: int
     watermarks: _containers.RepeatedCompositeFieldContainer[StreamWatermark]
     def __init__(self, bridge_seq: _Optional[int] = ..., watermarks: _Optional[_Iterable[_Union[StreamWatermark, _Mapping]]] = ...) -> None: ...
+
+class ProcessedFrameBatch(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[ProcessedFrame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[ProcessedFrame, _Mapping]]] = ...) -> None: ...
