@@ -74,9 +74,10 @@ async def test_overload_keeps_delivering_and_loses_nothing_inside(
         totals = sink.record.totals()
         assert totals["delivered"] == stats.delivered and totals["lost"] == 0
         assert totals["gap_frames"] <= stats.dropped
-        # Bursts, not a PAUSE/RESUME pair per frame.
+        # Bursts, not a PAUSE/RESUME pair per frame (that was about one per frame sent; a
+        # loaded CI machine was seen at 0.29 per frame with the hysteresis).
         pauses = metric(bridge, "bridge_backpressure_pauses_total")
-        assert 0 < pauses <= stats.sent / 4, (pauses, stats.sent)
+        assert 0 < pauses <= stats.sent / 2, (pauses, stats.sent)
         # No stall while work was queued (the publisher ran until t_end).
         busy = [t for t in delivered_at if t <= t_end] + [t_end]
         longest = max(b - a for a, b in itertools.pairwise(busy))
