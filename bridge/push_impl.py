@@ -210,6 +210,10 @@ class SinkPusher:
             batch = delivery.next_batch(_BATCH)
             if not batch:
                 await self._wake.wait()
+                if batching:
+                    # One loop turn: frames committed by callbacks already ready to run (one
+                    # TCP read often carries several messages) join this batch.
+                    await asyncio.sleep(0)
                 continue
             parts: list[bytes] = []
             nbytes = frames = 0
