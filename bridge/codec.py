@@ -203,16 +203,21 @@ def layout_key(cloud: pb.PointCloud) -> LayoutKey:
 
 
 def cloud_layout(
-    cloud: pb.PointCloud, limits: Limits, cached: tuple[LayoutKey, CloudLayout] | None = None
+    cloud: pb.PointCloud,
+    limits: Limits,
+    cached: tuple[LayoutKey, CloudLayout] | None = None,
+    nbytes: int | None = None,
 ) -> tuple[CloudLayout, int, LayoutKey]:
     """Validate a PointCloud's packed layout (unless ``cached`` already holds it) and its size.
 
-    Returns the layout, the point count and the layout's key. ``cloud.data`` is read once: the
-    protobuf runtime copies a bytes field on every access, which costs at 1 MB per frame.
+    Returns the layout, the point count and the layout's key. ``nbytes`` is ``len(cloud.data)``
+    when the caller already holds the data: the protobuf runtime copies a bytes field on every
+    access, which costs at 1 MB per frame.
     """
     key = layout_key(cloud)
     if cached is not None and cached[0] == key:
         layout = cached[1]
     else:
         layout = make_layout(key[0], list(key[1]))
-    return layout, point_count(layout, len(cloud.data), limits.max_points), key
+    size = len(cloud.data) if nbytes is None else nbytes
+    return layout, point_count(layout, size, limits.max_points), key
