@@ -97,7 +97,7 @@ class WorkItem:
     frame: pb.Frame  # a large cloud's frame without its data (that is ``data``)
     layout: CloudLayout | None
     points: int  # input points (0 for telemetry), counted once at admission
-    data: bytes | None = None  # a large cloud's points, read out of the message once
+    data: bytes | memoryview | None = None  # a large cloud's points, held apart from ``frame``
 
 
 #: Clouds from this size on are held as (frame without data, data): below it, building the
@@ -314,12 +314,14 @@ class BridgeCore:
         size: int,
         now_ns: int,
         charge: Charge | None = None,
+        data: bytes | memoryview | None = None,
     ) -> Offer:
         """Admit one frame of ``size`` wire bytes, or say why not (errors are raised).
 
         ``charge`` holds the frame's bytes in the governor (granted at receive); when the frame
         is ACCEPTED the ring takes it over, otherwise the caller still owns it. Without one (unit
-        tests, tools) the ring charges the frame itself.
+        tests, tools) the ring charges the frame itself. ``data``: a large cloud's points when
+        the transport kept them out of ``frame`` (:func:`codec.split_cloud_frame`).
         """
         stream = session.streams.get(frame.stream_id)
         if stream is None:
@@ -339,9 +341,12 @@ class BridgeCore:
             stream.conn_last_seq = frame.seq
             self._mark_dirty(stream, urgent=True)
             return Offer.DUPLICATE
-        layout, points, data = self._validate_payload(stream, frame)
-        if data is not None:
-            frame = _without_data(frame)  # the parsed message (and its copy of data) can go
+        if data is None:
+            layout, points, data = self._validate_payload(stream, frame)
+            if data is not None:
+                frame = _without_data(frame)  # the parsed message (and its copy of data) goes
+        else:
+            layout, points, _ = self._validate_payload(stream, frame, len(data))
         gap = None
         if frame.seq > stream.accepted_seq + 1:
             missing = frame.seq - stream.accepted_seq - 1
@@ -369,7 +374,7 @@ class BridgeCore:
         return Offer.ACCEPTED
 
     def _validate_payload(
-        self, stream: Stream, frame: pb.Frame
+        self, stream: Stream, frame: pb.Frame, nbytes: int | None = None
     ) -> tuple[CloudLayout | None, int, bytes | None]:
         """Layout and point count; a large cloud's data is read out here, once (every read of
         a protobuf bytes field is a copy: validation, processing and decimation share it)."""
@@ -379,6 +384,10 @@ class BridgeCore:
                 raise InvalidLayout(f"stream {stream.stream_id!r} expects point_cloud frames")
             cached = cast(tuple[codec.LayoutKey, CloudLayout] | None, stream.layout_cache)
             cloud = frame.point_cloud
+            if nbytes is not None:  # the points are held apart already
+                layout, points, key = codec.cloud_layout(cloud, self.config.limits, cached, nbytes)
+                stream.layout_cache = (key, layout)
+                return layout, points, None
             data = cloud.data
             layout, points, key = codec.cloud_layout(cloud, self.config.limits, cached, len(data))
             stream.layout_cache = (key, layout)
@@ -414,7 +423,7 @@ class BridgeCore:
                 continue
             self._work_queue.append(stream)
             frame, layout, points, data = cast(
-                tuple[pb.Frame, CloudLayout | None, int, bytes | None], entry.item
+                tuple[pb.Frame, CloudLayout | None, int, bytes | memoryview | None], entry.item
             )
             return WorkItem(stream, entry, frame, layout, points, data)
         return None

@@ -117,7 +117,7 @@ def decimate_message(
     max_points: int,
     threads: int,
     clock: Callable[[], int],
-    data: bytes | None = None,
+    data: bytes | memoryview | None = None,
 ) -> bytes:
     """The serialized ProcessedFrame for a decimated cloud: ``head`` gets the decimation info
     and processed time. ``data``: the cloud's points when the caller holds them (else read from
