@@ -153,8 +153,11 @@ def _frame_fields(raw: bytes) -> list[tuple[int, int, int, int]]:
     return _fields_in(raw, i, end)
 
 
-def _fields_in(raw: bytes, i: int, end: int) -> list[tuple[int, int, int, int]]:
-    """:func:`_frame_fields` of the Frame at ``raw[i:end]``."""
+def _fields_in(
+    raw: bytes, i: int, end: int, *, fixed: bool = False
+) -> list[tuple[int, int, int, int]]:
+    """:func:`_frame_fields` of the Frame at ``raw[i:end]``; ``fixed``: list I32 / I64 fields
+    too (start, width) instead of skipping them."""
     try:
         out = []
         while i < end:
@@ -168,7 +171,10 @@ def _fields_in(raw: bytes, i: int, end: int) -> list[tuple[int, int, int, int]]:
                 out.append((number, wire_type, i, size))
                 i += size
             elif wire_type in (1, 5):
-                i += 8 if wire_type == 1 else 4
+                width = 8 if wire_type == 1 else 4
+                if fixed:
+                    out.append((number, wire_type, i, width))
+                i += width
             else:
                 return []
         return out if i == end else []
@@ -259,7 +265,9 @@ def _split(raw: bytes) -> tuple[pb.Frame, memoryview] | None:
     if i + length != len(raw):
         return None
     seen: dict[int, tuple[int, int]] = {}
-    for number, wire_type, value, size in _fields_in(raw, i, len(raw)) or [(0, 0, 0, 0)]:
+    for number, wire_type, value, size in _fields_in(raw, i, len(raw), fixed=True) or [
+        (0, 0, 0, 0)
+    ]:
         expected = wire.WIRE_VARINT if number in (_F_SEQ, _F_CAPTURE) else wire.WIRE_LEN
         if number not in (_F_STREAM, _F_SEQ, _F_CAPTURE, _F_CLOUD) or number in seen:
             return None
@@ -272,7 +280,8 @@ def _split(raw: bytes) -> tuple[pb.Frame, memoryview] | None:
     meta_parts: list[bytes] = []
     data: memoryview | None = None
     cloud_seen: set[int] = set()
-    for number, wire_type, value, length in _fields_in(raw, start, start + size) or [(0, 0, 0, 0)]:
+    cloud_fields = _fields_in(raw, start, start + size, fixed=True) or [(0, 0, 0, 0)]
+    for number, wire_type, value, length in cloud_fields:
         if number in cloud_seen and number != _C_FIELDS:  # only ``fields`` repeats
             return None
         cloud_seen.add(number)

@@ -205,3 +205,15 @@ def test_split_cloud_frame_leaves_other_shapes_to_the_parser() -> None:
     raw = cloud.SerializeToString()
     twice = raw + raw  # a repeated frame field: the parser merges, the fast path declines
     assert codec.split_cloud_frame(twice) is None
+
+
+def test_split_cloud_frame_declines_fixed_width_fields_the_parser_keeps_as_unknown() -> None:
+    cloud = pb.PointCloud(point_stride=12, data=b"\x00" * 12).SerializeToString()
+    odd = cloud + b"\x1d\x00\x00\x00\x00"  # field 3 (data) again, as a fixed32: unknown field
+    frame = b"\x0a\x01a" + b"\x22" + bytes([len(odd)]) + odd
+    raw = b"\x12" + bytes([len(frame)]) + frame
+    assert pb.EdgeMessage.FromString(raw).frame.point_cloud.data == b"\x00" * 12
+    assert codec.split_cloud_frame(raw) is None
+    zero = b"\x05\x00\x00\x00\x00"  # field number 0: the parser refuses the message
+    frame = b"\x0a\x01a" + zero + b"\x22" + bytes([len(cloud)]) + cloud
+    assert codec.split_cloud_frame(b"\x12" + bytes([len(frame)]) + frame) is None
