@@ -38,6 +38,7 @@ from bridge.metrics import BridgeMetrics
 from bridge.ports import EdgeTransport, IngestCore, Received
 from bridge.session import Session, Stream, StreamKey
 from bridge.settings import Settings
+from bridge.uplink import Uplink
 from bridge.v1 import bridge_pb2 as pb
 
 log = logging.getLogger("bridge.ingest")
@@ -210,6 +211,7 @@ class EdgeConnection:
         self._flow_want = False  # session-wide PAUSE wanted (a receive grant is waiting)
         self._flow_sent = False
         self._flow_task: asyncio.Future[None] | None = None
+        self._uplink: Uplink | None = None  # chunks and codecs (bridge.uplink)
 
     def wake_acks(self, *, urgent: bool) -> None:
         self._acks_due.set()
@@ -241,8 +243,10 @@ class EdgeConnection:
                 if edges.draining:
                     await self.send(self._drain_message())
                     return
+                Uplink.check_hello(msg.hello)
                 attached = core.hello(msg.hello, self, identity_proven=proven)
                 self.session, welcome = attached.session, attached.welcome
+                self._uplink = Uplink(msg.hello, self.session.streams, self._config.limits)
                 edges.supersede(attached.superseded)
             except ProtocolError as exc:
                 await self._refuse(exc, fatal=True)
@@ -276,6 +280,8 @@ class EdgeConnection:
                 ack_task.cancel()
             if self._flow_task is not None:
                 self._flow_task.cancel()
+            if self._uplink is not None:
+                self._uplink.close()
             edges.unregister(self)
             if self.session is not None:
                 core.detach(self.session, self, time.monotonic())
@@ -343,14 +349,21 @@ class EdgeConnection:
             try:
                 msg = codec.decode_edge(received.data, self._config.limits)
                 del received  # the wire bytes: only the parsed frame (charged) is kept
-                if msg.WhichOneof("kind") != "frame":
+                if msg.WhichOneof("kind") == "hello":
                     raise ProtocolViolation("Hello may only be sent once per connection")
-                frame = msg.frame
                 if self._edges.draining:
                     continue  # not accepted, not acked: the edge resends it after reconnecting
-                assert charge is not None
+                assert charge is not None and self._uplink is not None
                 owned, charge = charge, None
-                await self._admit(frame, size, owned)
+                ready = self._uplink.take(msg, size, owned, time.monotonic())
+                charge = ready.charge
+                for refused in ready.errors:
+                    await self._refuse(refused, fatal=False, frame=refused.frame)
+                if ready.frame is None or charge is None:
+                    continue
+                frame = ready.frame
+                owned, charge = charge, None
+                await self._admit(frame, ready.size, owned)
             except ProtocolError as exc:
                 if exc.fatal:
                     await self._refuse(exc, fatal=True)

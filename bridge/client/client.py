@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from bridge.client.core import DeliveryHook, EdgeCore, EdgeStats, StreamSpec
+from bridge.client.lanes import DEFAULT_CHUNK_BYTES, LaneScheduler
 from bridge.client.payload import Payload, PreparedPayload
 from bridge.client.transport import Connection, Endpoint, TlsConfig, Transport, open_connection
 from bridge.v1 import bridge_pb2 as pb
@@ -75,6 +76,13 @@ class EdgeClient:
     (the load generator): publish never waits and the oldest frame of any stream is evicted.
     ``on_delivered(stream_id, seq, capture_time_ns, now_ns)`` is called once per delivered frame,
     on the event loop.
+
+    Slow links: frames above ``chunk_bytes`` (64 KiB) are sent in pieces and higher-priority
+    lanes (``StreamSpec.priority``; telemetry before clouds by default) go between the pieces;
+    ``chunk_bytes=0`` sends whole frames in publish order, as clients before lanes did. On
+    WebSocket the socket keeps at most ``send_lowat_bytes`` unsent (``TCP_NOTSENT_LOWAT``), so
+    a telemetry frame never queues behind megabytes inside the kernel (0: the system default).
+    ``StreamSpec.codec`` compresses clouds (see the README's "Slow links").
     """
 
     def __init__(
@@ -94,6 +102,8 @@ class EdgeClient:
         welcome_timeout: float = 10.0,
         # Behaviour
         wait_for_room: bool = True,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        send_lowat_bytes: int = 32 * 1024,
         stats: EdgeStats | None = None,
         on_delivered: DeliveryHook | None = None,
         seed: int | None = None,
@@ -118,6 +128,8 @@ class EdgeClient:
         self.connect_timeout = connect_timeout
         self.welcome_timeout = welcome_timeout
         self.wait_for_room = wait_for_room
+        self.lanes = LaneScheduler(self.core, chunk_bytes) if chunk_bytes else None
+        self.send_lowat_bytes = send_lowat_bytes if chunk_bytes else 0
         #: The last Welcome (limits, resumed or not); None before the first one.
         self.welcome: pb.Welcome | None = None
         self._rng = random.Random(seed)
@@ -266,6 +278,7 @@ class EdgeClient:
             tls=self.tls,
             max_message_bytes=self.max_message_bytes,
             connect_timeout=self.connect_timeout,
+            send_lowat_bytes=self.send_lowat_bytes,
         )
 
     async def _run(self) -> None:
@@ -355,6 +368,8 @@ class EdgeClient:
         return None
 
     async def _send_loop(self, conn: Connection) -> None:
+        if self.lanes is not None:
+            return await self._send_lanes(conn, self.lanes)
         try:
             while True:
                 limit = self.welcome.limits.max_frame_bytes if self.welcome else 0
@@ -375,3 +390,29 @@ class EdgeClient:
             log.debug("%s: send failed: %r", self.device_id, exc)
             with contextlib.suppress(Exception):
                 await conn.close()  # the receiver sees the end and the loop reconnects
+
+    async def _send_lanes(self, conn: Connection, lanes: LaneScheduler) -> None:
+        """The send loop with lanes: pieces of large frames, higher lanes in between."""
+        lanes.reset()
+        try:
+            while True:
+                limit = self.welcome.limits.max_frame_bytes if self.welcome else 0
+                out = lanes.next(limit)
+                if out is None:
+                    self._notify()  # next may have rejected oversized frames
+                    self._wake.clear()
+                    if (out := lanes.next(limit)) is None:
+                        await self._wake.wait()
+                        continue
+                await conn.send(out.data)
+                if out.done is not None:
+                    self.core.mark_sent(out.done)
+                await asyncio.sleep(
+                    0
+                )  # websockets' send() does not yield while the socket takes data
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("%s: send failed: %r", self.device_id, exc)
+            with contextlib.suppress(Exception):
+                await conn.close()

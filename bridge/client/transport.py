@@ -10,6 +10,8 @@ URLs: ``ws://host:port/v1/ingest``, ``wss://…``, ``grpc://host:port``, ``grpcs
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,9 +120,13 @@ async def open_connection(
     tls: TlsConfig | None,
     max_message_bytes: int,
     connect_timeout: float,
+    send_lowat_bytes: int = 0,
 ) -> Connection:
     if endpoint.transport == "ws":
-        return await WsConnection.open(endpoint, token, tls, max_message_bytes, connect_timeout)
+        conn = await WsConnection.open(endpoint, token, tls, max_message_bytes, connect_timeout)
+        if send_lowat_bytes:
+            conn.limit_unsent(send_lowat_bytes)
+        return conn
     return GrpcConnection(endpoint, token, tls, max_message_bytes)
 
 
@@ -155,6 +161,14 @@ class WsConnection:
             **extra,
         )
         return cls(ws)
+
+    def limit_unsent(self, nbytes: int) -> None:
+        """Keep at most about ``nbytes`` unsent in the kernel (``TCP_NOTSENT_LOWAT``): the rest
+        waits in the client, where a higher lane can still overtake it."""
+        sock = self._ws.transport.get_extra_info("socket")
+        if sock is not None and hasattr(socket, "TCP_NOTSENT_LOWAT"):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, nbytes)
 
     async def send(self, data: bytes) -> None:
         await self._ws.send(data)
