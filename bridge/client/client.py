@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from bridge.client.core import DeliveryHook, EdgeCore, EdgeStats, StreamSpec
-from bridge.client.lanes import DEFAULT_CHUNK_BYTES, LaneScheduler
+from bridge.client.lanes import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_HOLD_SECONDS, LaneScheduler
 from bridge.client.payload import Payload, PreparedPayload
 from bridge.client.transport import Connection, Endpoint, TlsConfig, Transport, open_connection
 from bridge.v1 import bridge_pb2 as pb
@@ -31,6 +31,9 @@ from bridge.v1 import bridge_pb2 as pb
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: While the socket holds more than ``send_lowat_bytes`` unsent, pieces wait and the sender
+#: looks again after this long (a higher lane's frame wakes it at once).
+LINK_POLL_SECONDS = 0.003
 #: Reconnect backoff (seconds): exponential from BACKOFF_BASE, capped, with jitter.
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 5.0
@@ -78,10 +81,14 @@ class EdgeClient:
     on the event loop.
 
     Slow links: frames above ``chunk_bytes`` (64 KiB) are sent in pieces and higher-priority
-    lanes (``StreamSpec.priority``; telemetry before clouds by default) go between the pieces;
-    ``chunk_bytes=0`` sends whole frames in publish order, as clients before lanes did. On
-    WebSocket the socket keeps at most ``send_lowat_bytes`` unsent (``TCP_NOTSENT_LOWAT``), so
-    a telemetry frame never queues behind megabytes inside the kernel (0: the system default).
+    lanes (``StreamSpec.priority``; telemetry before clouds by default) go between the pieces,
+    when streams of several lanes share the connection and the link would be held longer than
+    ``lane_max_hold_seconds`` (10 ms; WebSocket estimates the link from the kernel's delivery
+    rate, gRPC always uses pieces); ``chunk_bytes=0`` sends whole frames in publish order, as
+    clients before lanes did. On
+    WebSocket the next piece is written only once the socket holds less than
+    ``send_lowat_bytes`` unsent (also set as ``TCP_NOTSENT_LOWAT``), so a telemetry frame never
+    queues behind megabytes inside the kernel (0: no limit; gRPC's socket is not visible).
     ``StreamSpec.codec`` compresses clouds (see the README's "Slow links").
     """
 
@@ -103,7 +110,8 @@ class EdgeClient:
         # Behaviour
         wait_for_room: bool = True,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        send_lowat_bytes: int = 32 * 1024,
+        send_lowat_bytes: int = 16 * 1024,
+        lane_max_hold_seconds: float = DEFAULT_MAX_HOLD_SECONDS,
         stats: EdgeStats | None = None,
         on_delivered: DeliveryHook | None = None,
         seed: int | None = None,
@@ -128,7 +136,11 @@ class EdgeClient:
         self.connect_timeout = connect_timeout
         self.welcome_timeout = welcome_timeout
         self.wait_for_room = wait_for_room
-        self.lanes = LaneScheduler(self.core, chunk_bytes) if chunk_bytes else None
+        self.lanes = (
+            LaneScheduler(self.core, chunk_bytes, max_hold_seconds=lane_max_hold_seconds)
+            if chunk_bytes
+            else None
+        )
         self.send_lowat_bytes = send_lowat_bytes if chunk_bytes else 0
         #: The last Welcome (limits, resumed or not); None before the first one.
         self.welcome: pb.Welcome | None = None
@@ -394,15 +406,29 @@ class EdgeClient:
     async def _send_lanes(self, conn: Connection, lanes: LaneScheduler) -> None:
         """The send loop with lanes: pieces of large frames, higher lanes in between."""
         lanes.reset()
+        lowat = self.send_lowat_bytes
+        loop = asyncio.get_running_loop()
+
+        def link_busy() -> bool:
+            return bool(lowat) and conn.unsent_bytes() > lowat
+
         try:
             while True:
                 limit = self.welcome.limits.max_frame_bytes if self.welcome else 0
-                out = lanes.next(limit)
+                rate = conn.link_bytes_per_second()
+                out = lanes.next(limit, pieces=not link_busy(), link_bytes_per_second=rate)
                 if out is None:
                     self._notify()  # next may have rejected oversized frames
                     self._wake.clear()
-                    if (out := lanes.next(limit)) is None:
+                    busy = link_busy()
+                    if (
+                        out := lanes.next(limit, pieces=not busy, link_bytes_per_second=rate)
+                    ) is None:
+                        # Busy: look again soon (the socket drains without telling us).
+                        poll = loop.call_later(LINK_POLL_SECONDS, self._wake.set) if busy else None
                         await self._wake.wait()
+                        if poll is not None:
+                            poll.cancel()
                         continue
                 await conn.send(out.data)
                 if out.done is not None:

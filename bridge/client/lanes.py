@@ -5,11 +5,16 @@ Why: on a 20 Mbit/s uplink a 1.6 MB cloud takes ~640 ms to send; sent whole, eve
 frame published meanwhile waits behind it. Here a frame larger than ``chunk_bytes`` is cut into
 ``FrameChunk`` pieces of at most ``chunk_bytes``, and before each piece the scheduler looks
 again for the oldest frame of the highest lane (control < telemetry < bulk). A telemetry frame
-therefore waits for at most one piece (64 KiB: ~26 ms at 20 Mbit/s) plus what the socket holds.
+therefore waits for at most one piece plus what the socket holds; the client sends the next
+piece only once the socket's unsent bytes fell below its threshold (``pieces=False`` meanwhile),
+so that stays small too.
 
-The pieces of one frame go out in order; a frame counts as sent (``EdgeCore.mark_sent``) once
-its last piece is out. On a new connection every partly sent frame starts again from offset 0
-(the bridge drops incomplete frames when a connection ends).
+Pieces cost the bridge one message each, so they are used only where they help: when streams
+of more than one lane share the connection and the link would be held longer than
+``max_hold_seconds`` (10 ms) by the frame (WebSocket: the kernel's delivery-rate estimate;
+gRPC or unknown: always). The pieces of one frame go out in order; a frame counts as sent
+(``EdgeCore.mark_sent``) once its last piece is out. On a new connection every partly sent
+frame starts again from offset 0 (the bridge drops incomplete frames when a connection ends).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from bridge.client.core import EdgeCore, Entry
 from bridge.v1 import bridge_pb2 as pb
 
 DEFAULT_CHUNK_BYTES = 64 * 1024
+#: A frame the link carries within this long goes whole (no piece overhead on fast links).
+DEFAULT_MAX_HOLD_SECONDS = 0.01
 #: A piece's own framing (keys, stream id, seq, sizes) on top of its data, with room to spare.
 CHUNK_OVERHEAD = 512
 
@@ -36,11 +43,20 @@ class Outgoing:
 class LaneScheduler:
     """What to send next on one connection: whole frames and pieces, highest lane first."""
 
-    def __init__(self, core: EdgeCore, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(
+        self,
+        core: EdgeCore,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        *,
+        max_hold_seconds: float = DEFAULT_MAX_HOLD_SECONDS,
+    ) -> None:
         if chunk_bytes < 1024:
             raise ValueError("chunk_bytes must be at least 1024")
         self.core = core
         self.chunk_bytes = chunk_bytes
+        self.max_hold_seconds = max_hold_seconds
+        #: Streams in more than one lane: only then can a frame hold up another one.
+        self.mixed = len({st.spec.lane for st in core.streams.values()}) > 1
         self._progress: dict[tuple[str, int], int] = {}  # (stream, seq) -> bytes of it sent
         self.chunks_sent = 0
 
@@ -48,15 +64,37 @@ class LaneScheduler:
         """A new connection: partly sent frames start over."""
         self._progress.clear()
 
-    def next(self, max_frame_bytes: int = 0) -> Outgoing | None:
+    def next(
+        self,
+        max_frame_bytes: int = 0,
+        *,
+        pieces: bool = True,
+        link_bytes_per_second: float | None = None,
+    ) -> Outgoing | None:
+        """The next message. ``pieces=False``: only a whole frame (None when the highest lane's
+        next frame goes in pieces: the link is busy, so a piece would only queue).
+        ``link_bytes_per_second``: the transport's estimate of the link (None: unknown); a
+        frame the link carries within ``max_hold_seconds`` goes whole, as does every frame when
+        all streams share one lane (nothing could overtake it)."""
         entry = self.core.next_to_send(max_frame_bytes, by_lane=True)
         if entry is None:
             return None
-        if entry.nbytes <= self.chunk_bytes + CHUNK_OVERHEAD:
+        key = (entry.stream_id, entry.seq)
+        if entry.nbytes <= self.chunk_bytes + CHUNK_OVERHEAD or (
+            key not in self._progress
+            and (
+                not self.mixed
+                or (
+                    link_bytes_per_second
+                    and entry.nbytes <= link_bytes_per_second * self.max_hold_seconds
+                )
+            )
+        ):
             return Outgoing(entry.data, entry)
+        if not pieces:
+            return None
         _, start = wire.decode_varint(entry.data, 1)  # after EdgeMessage.frame's key and length
         total = len(entry.data) - start
-        key = (entry.stream_id, entry.seq)
         sent = self._progress.get(key, 0)
         end = min(total, sent + self.chunk_bytes)
         piece = pb.EdgeMessage(

@@ -11,8 +11,10 @@ URLs: ``ws://host:port/v1/ingest``, ``wss://…``, ``grpc://host:port``, ``grpcs
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import socket
 import ssl
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -25,6 +27,10 @@ from websockets.asyncio.client import connect as ws_connect
 from bridge.v1 import bridge_pb2 as pb
 
 Transport = Literal["ws", "grpc"]
+#: Linux ioctl: bytes in a TCP socket's send queue not yet sent (``linux/sockios.h``).
+SIOCOUTQNSD = 0x894B
+#: ``tcpi_delivery_rate`` (u64, bytes/s) in Linux's ``struct tcp_info`` (since 4.9).
+_DELIVERY_RATE = 160
 _SCHEMES: dict[str, tuple[Transport, bool]] = {
     "ws": ("ws", False),
     "wss": ("ws", True),
@@ -111,6 +117,14 @@ class Connection(Protocol):
 
     async def close(self) -> None: ...
     def close_reason(self) -> str: ...
+    def unsent_bytes(self) -> int:
+        """Bytes written but not yet on the wire, as far as this transport can tell (0 when
+        it cannot)."""
+        ...
+
+    def link_bytes_per_second(self) -> float | None:
+        """The connection's recent delivery rate (None when unknown)."""
+        ...
 
 
 async def open_connection(
@@ -169,6 +183,31 @@ class WsConnection:
         if sock is not None and hasattr(socket, "TCP_NOTSENT_LOWAT"):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, nbytes)
+
+    def link_bytes_per_second(self) -> float | None:
+        sock = self._ws.transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        except OSError:
+            return None
+        if len(info) < _DELIVERY_RATE + 8:
+            return None
+        rate = int.from_bytes(info[_DELIVERY_RATE : _DELIVERY_RATE + 8], sys.byteorder)
+        return float(rate) or None
+
+    def unsent_bytes(self) -> int:
+        transport = self._ws.transport
+        queued = int(transport.get_write_buffer_size())
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return queued
+        try:
+            raw = fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0")
+        except OSError:
+            return queued
+        return queued + int.from_bytes(raw, sys.byteorder, signed=True)
 
     async def send(self, data: bytes) -> None:
         await self._ws.send(data)
@@ -252,6 +291,12 @@ class GrpcConnection:
     async def close(self) -> None:
         self._call.cancel()
         await self._channel.close()
+
+    def unsent_bytes(self) -> int:
+        return 0  # gRPC's socket is not ours to look at
+
+    def link_bytes_per_second(self) -> float | None:
+        return None
 
     def close_reason(self) -> str:
         return f"grpc:{self._status or 'CANCELLED'}"

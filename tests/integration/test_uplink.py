@@ -119,8 +119,11 @@ async def arrival_order(transport: str, **client: Any) -> list[tuple[str, int]]:
 async def test_telemetry_overtakes_a_large_cloud_on_one_connection(transport: str) -> None:
     # Whole frames in publish order (no lanes): the telemetry frame waits for the cloud.
     assert await arrival_order(transport, chunk_bytes=0) == [("lidar", 1), ("status", 1)]
-    # Lanes: it goes between two pieces of the cloud and arrives first.
-    assert await arrival_order(transport) == [("status", 1), ("lidar", 1)]
+    # Lanes: it goes between two pieces of the cloud and arrives first. (This relay's slowness
+    # is flow control, which the kernel's delivery-rate estimate does not see: pieces are
+    # forced here; the shaped link of `make bench-uplink` shows the default choosing them.)
+    order = await arrival_order(transport, lane_max_hold_seconds=0.0)
+    assert order == [("status", 1), ("lidar", 1)]
 
 
 def chunk(stream: str, seq: int, total: int, offset: int, data: bytes) -> bytes:

@@ -71,3 +71,29 @@ def test_explicit_priority_and_restart_on_a_new_connection() -> None:
     with pytest.raises(ValueError):
         StreamSpec("s", kind="telemetry", codec="zstd")
     assert StreamSpec("c", codec="quantized").to_proto().codec_params.step == 0.001
+
+
+def test_pieces_only_where_a_frame_could_hold_up_another_lane() -> None:
+    big = cloud(20_000)  # 240 kB
+    # One lane only: nothing could overtake, so the frame goes whole.
+    solo = core(StreamSpec("lidar"))
+    solo.publish("lidar", solo.prepare("lidar", big), 1)
+    out = LaneScheduler(solo, chunk_bytes=16 * 1024).next()
+    assert out is not None and out.done is not None
+    mixed = core(StreamSpec("lidar"), StreamSpec("status", kind="telemetry"))
+    mixed.publish("lidar", mixed.prepare("lidar", big), 1)
+    lanes = LaneScheduler(mixed, chunk_bytes=16 * 1024, max_hold_seconds=0.01)
+    # A link that carries it within 10 ms (loopback): whole.
+    fast = lanes.next(link_bytes_per_second=1e9)
+    assert fast is not None and fast.done is not None
+    lanes.reset()
+    mixed.on_welcome(pb.Welcome(session_id="s", resumed=True), 0)  # a new connection
+    # 20 Mbit/s, or unknown (gRPC): pieces; once in pieces, the frame stays in pieces.
+    for rate in (2.5e6, None, 1e9):
+        out = lanes.next(link_bytes_per_second=rate)
+        assert out is not None and out.done is None
+    # The link is busy: no new piece, but a whole small frame still goes.
+    assert lanes.next(pieces=False) is None
+    mixed.publish("status", mixed.prepare("status", {"v": 1.0}), 2)
+    small = lanes.next(pieces=False)
+    assert small is not None and small.done is not None and small.done.stream_id == "status"
