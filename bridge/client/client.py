@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from bridge.client.core import DeliveryHook, EdgeCore, EdgeStats, StreamSpec
+from bridge.client.core import CHUNK_RESTARTS, DeliveryHook, EdgeCore, EdgeStats, StreamSpec
 from bridge.client.lanes import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_HOLD_SECONDS, LaneScheduler
 from bridge.client.payload import Payload, PreparedPayload
 from bridge.client.transport import Connection, Endpoint, TlsConfig, Transport, open_connection
@@ -371,7 +371,10 @@ class EdgeClient:
             self._wake.set()
         elif kind == "error":
             log.info("%s: bridge error %s", self.device_id, msg.error.message)
+            if self.lanes is not None and msg.error.code in CHUNK_RESTARTS:
+                self.lanes.restart(msg.error.stream_id, msg.error.seq)
             self.core.on_error(msg.error)
+            self._wake.set()
         elif kind == "drain":
             self.stats.drains += 1
             return msg.drain.reconnect_after_ms / 1000.0

@@ -40,8 +40,17 @@ _PRIORITIES = {
 _DEFAULT_LANE = {"point_cloud": pb.PRIORITY_BULK, "telemetry": pb.PRIORITY_TELEMETRY}
 #: Error codes that refuse one frame (``Error.seq``) for good: resending it cannot succeed.
 FRAME_REJECTIONS = frozenset(
-    {pb.INVALID_LAYOUT, pb.TOO_LARGE, pb.TOO_MANY_POINTS, pb.UNKNOWN_STREAM, pb.SEQ_REGRESSION}
+    {
+        pb.INVALID_LAYOUT,
+        pb.TOO_LARGE,
+        pb.TOO_MANY_POINTS,
+        pb.UNKNOWN_STREAM,
+        pb.SEQ_REGRESSION,
+        pb.CODEC_ERROR,
+    }
 )
+#: Error codes after which a chunked frame is sent again from its first piece.
+CHUNK_RESTARTS = frozenset({pb.CHUNK_ABANDONED, pb.CHUNK_SEQUENCE})
 #: Called with (stream_id, seq, capture_time_ns, now_ns) for every frame newly delivered.
 DeliveryHook = Callable[[str, int, int, int], None]
 
@@ -408,10 +417,23 @@ class EdgeCore:
             st.paused = paused
 
     def on_error(self, err: pb.Error) -> None:
-        """Count the error; forget the frame it names when resending could never succeed."""
+        """Count the error; forget the frame it names when resending could never succeed, or
+        queue it again when the bridge dropped it incomplete (a chunked frame)."""
         self.stats.errors[pb.ErrorCode.Name(err.code)] += 1
         if err.code in FRAME_REJECTIONS and err.stream_id and err.seq:
             self.reject(err.stream_id, err.seq)
+        elif err.code in CHUNK_RESTARTS and err.stream_id and err.seq:
+            self.requeue(err.stream_id, err.seq)
+
+    def requeue(self, stream_id: str, seq: int) -> bool:
+        """Send a buffered frame again on this connection (in seq order); False if it is gone
+        (delivered or evicted meanwhile) or already queued."""
+        st = self.streams.get(stream_id)
+        entry = st.buf.get(seq) if st is not None else None
+        if st is None or entry is None or entry in st.pending:
+            return False
+        st.pending = deque(sorted((*st.pending, entry), key=lambda e: e.seq))
+        return True
 
     # -- sending ------------------------------------------------------------------------------
 

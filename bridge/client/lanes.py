@@ -64,6 +64,10 @@ class LaneScheduler:
         """A new connection: partly sent frames start over."""
         self._progress.clear()
 
+    def restart(self, stream_id: str, seq: int) -> None:
+        """The bridge dropped this frame incomplete: its next piece starts at offset 0."""
+        self._progress.pop((stream_id, seq), None)
+
     def next(
         self,
         max_frame_bytes: int = 0,

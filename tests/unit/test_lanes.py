@@ -97,3 +97,24 @@ def test_pieces_only_where_a_frame_could_hold_up_another_lane() -> None:
     mixed.publish("status", mixed.prepare("status", {"v": 1.0}), 2)
     small = lanes.next(pieces=False)
     assert small is not None and small.done is not None and small.done.stream_id == "status"
+
+
+def test_a_frame_the_bridge_dropped_incomplete_is_sent_again_from_its_first_piece() -> None:
+    c = core(StreamSpec("lidar"), StreamSpec("status", kind="telemetry"))
+    lanes = LaneScheduler(c, chunk_bytes=16 * 1024)
+    c.publish("lidar", c.prepare("lidar", cloud(5_000)), 1)  # 60 kB: 4 pieces
+    offsets = []
+    while (out := lanes.next()) is not None:
+        offsets.append(pb.EdgeMessage.FromString(out.data).chunk.offset)
+        if out.done is not None:
+            c.mark_sent(out.done)
+    assert offsets == [0, 16384, 32768, 49152]
+    # e.g. 30 s incomplete while the stream was paused: the bridge says CHUNK_ABANDONED
+    err = pb.Error(code=pb.CHUNK_ABANDONED, stream_id="lidar", seq=1)
+    lanes.restart("lidar", 1)
+    c.on_error(err)
+    again = lanes.next()
+    assert again is not None and pb.EdgeMessage.FromString(again.data).chunk.offset == 0
+    assert c.stats.errors["CHUNK_ABANDONED"] == 1 and c.stats.rejected == 0
+    c.on_error(pb.Error(code=pb.CODEC_ERROR, stream_id="lidar", seq=1))  # never resendable
+    assert c.stats.rejected == 1 and c.buffered_frames == 0
