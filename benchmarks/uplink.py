@@ -46,6 +46,7 @@ class Scenario:
     attr_step: float = 0.0
     chunk_bytes: int = 0  # 0: the SDK's default
     lowat: int = -1  # -1: the SDK's default
+    sysctl_lowat: int = 0  # net.ipv4.tcp_notsent_lowat in the namespace (0: the default)
 
 
 SCENARIOS = [
@@ -60,9 +61,8 @@ SCENARIOS = [
     ),
 ]
 EXPLORE = [
-    Scenario("x ws chunk 64k"),
-    Scenario("x ws chunk 32k", chunk_bytes=32768),
-    Scenario("x grpc chunk 32k", transport="grpc", chunk_bytes=32768),
+    Scenario("x ws zstd", codec="zstd"),
+    Scenario("x ws quantized 1 mm + intensity 1/256", codec="quantized", attr_step=1 / 256),
 ]
 
 
@@ -194,6 +194,9 @@ async def run_scenario(sc: Scenario, seconds: float, warmup: float) -> dict[str,
         else:
             clouds[0] += 1
 
+    # Per namespace: every socket in it, gRPC's included (which the SDK cannot reach).
+    lowat = str(sc.sysctl_lowat or 4294967295)
+    subprocess.run(["sysctl", "-qw", f"net.ipv4.tcp_notsent_lowat={lowat}"], check=True)
     async with SinkServer(fsync=False, on_frame=on_frame) as sink:
         cmd = serve_command(
             "--ws-port", str(WS_PORT), "--grpc-port", str(GRPC_PORT), "--http-port", "0",
@@ -336,7 +339,9 @@ async def edge_main(sc: Scenario, seconds: float, warmup: float) -> None:
                 if len(edge.core.streams["lidar"].buf) >= 2:
                     skipped += 1
                 else:
-                    payload = edge.prepare("lidar", scans[i % len(scans)])
+                    # Encoding takes milliseconds: off the loop, or telemetry waits for it.
+                    scan = scans[i % len(scans)]
+                    payload = await asyncio.to_thread(edge.prepare, "lidar", scan)
                     sizes.append(payload.nbytes)
                     await edge.publish("lidar", payload)
                     published += 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -95,30 +96,22 @@ def encode(layout: CloudLayout, data: bytes, spec: CodecSpec) -> bytes:
     cz = zstandard.ZstdCompressor(level=spec.level, write_content_size=True)
     if spec.codec == ZSTD:
         return cz.compress(_planes(np.frombuffer(data, np.uint8), layout.stride))
-    records = np.frombuffer(data, np.uint8).reshape(-1, layout.stride)
+    records = np.frombuffer(data, layout.structured_dtype)
     n = len(records)
-    xyz = [_quantize(_column(records, layout, name), spec.step, name) for name in _XYZ]
-    xyz_block = cz.compress(b"".join(_planes(_zigzag_delta(q).view(np.uint8), 4) for q in xyz))
+    xyz = [_quantize(records[name].astype(np.float64), spec.step, name) for name in _XYZ]
+    xyz_block = cz.compress(b"".join(_to_planes(_zigzag_delta(q), 4) for q in xyz))
     rest = []
-    for name, offset, ftype in _others(layout):
-        column = _column(records, layout, name)
+    for name, _, ftype in _others(layout):
+        column = records[name]
         if spec.attr_step > 0 and ftype in (FieldType.FLOAT32, FieldType.FLOAT64):
-            q = _quantize(column, spec.attr_step, name)
-            rest.append(_planes(_zigzag_delta(q).view(np.uint8), 4))
+            q = _quantize(column.astype(np.float64), spec.attr_step, name)
+            rest.append(_to_planes(_zigzag_delta(q), 4))
         else:
-            raw = np.ascontiguousarray(records[:, offset : offset + ftype.size]).reshape(-1)
-            rest.append(_planes(raw, ftype.size))
+            raw = np.ascontiguousarray(column).view(f"<u{ftype.size}")
+            rest.append(_to_planes(raw, ftype.size))
     rest_block = cz.compress(b"".join(rest))
     header = _QHEADER.pack(n, len(xyz_block), spec.step, spec.attr_step)
     return header + xyz_block + rest_block
-
-
-def _column(
-    records: npt.NDArray[np.uint8], layout: CloudLayout, name: str
-) -> npt.NDArray[np.float64]:
-    field = layout.field(name)
-    raw = np.ascontiguousarray(records[:, field.offset : field.offset + field.type.size])
-    return raw.view(field.type.dtype).reshape(-1).astype(np.float64)
 
 
 def _quantize(values: npt.NDArray[np.float64], step: float, name: str) -> npt.NDArray[np.int64]:
@@ -132,12 +125,19 @@ def _quantize(values: npt.NDArray[np.float64], step: float, name: str) -> npt.ND
 
 def _zigzag_delta(q: npt.NDArray[np.int64]) -> npt.NDArray[np.uint32]:
     d = np.diff(q, prepend=np.int64(0))
-    return ((d << 1) ^ (d >> 63)).astype("<u4")
+    return ((d << 1) ^ (d >> 63)).astype(np.uint32)
 
 
 def _planes(raw: npt.NDArray[np.uint8], width: int) -> bytes:
     """Byte k of every ``width``-byte item, for k = 0 .. width-1."""
     return raw.reshape(-1, width).T.tobytes()
+
+
+def _to_planes(values: npt.NDArray[np.unsignedinteger[Any]], width: int) -> bytes:
+    """The byte planes of little-endian unsigned ``values`` (shifts, no transpose)."""
+    if width == 1:
+        return values.tobytes()
+    return b"".join((values >> np.uint8(8 * k)).astype(np.uint8).tobytes() for k in range(width))
 
 
 def _others(layout: CloudLayout) -> list[tuple[str, int, FieldType]]:
@@ -219,28 +219,31 @@ def _decode_quantized(data: bytes, layout: CloudLayout, max_points: int, max_byt
         for _, _, t in others
     ]
     rest = np.frombuffer(_bounded(data[start + xyz_len :], n * sum(widths)), np.uint8)
-    out = np.zeros((n, layout.stride), np.uint8)
+    out = np.zeros(n, layout.structured_dtype)
     for i, name in enumerate(_XYZ):
-        _store(out, layout, name, _undelta(xyz[4 * n * i : 4 * n * (i + 1)]) * step)
+        out[name] = _undelta(xyz[4 * n * i : 4 * n * (i + 1)], n) * step
     at = 0
-    for (name, offset, ftype), width in zip(others, widths, strict=True):
+    for (name, _, ftype), width in zip(others, widths, strict=True):
         block = rest[at : at + n * width]
         at += n * width
         if width == 4 and attr_step > 0 and ftype in (FieldType.FLOAT32, FieldType.FLOAT64):
-            _store(out, layout, name, _undelta(block) * attr_step)
+            out[name] = _undelta(block, n) * attr_step
         else:
-            out[:, offset : offset + width] = block.reshape(width, n).T
+            out[name] = _from_planes(block, n, width).view(ftype.dtype)
     return out.tobytes()
 
 
-def _undelta(planes: npt.NDArray[np.uint8]) -> npt.NDArray[np.float64]:
-    z = np.ascontiguousarray(planes.reshape(4, -1).T).view("<u4").reshape(-1).astype(np.int64)
+def _from_planes(planes: npt.NDArray[np.uint8], n: int, width: int) -> npt.NDArray[np.uint64]:
+    """Little-endian ``width``-byte integers from their byte planes (shifts, no transpose),
+    in the unsigned type of that width."""
+    utype = np.dtype(f"<u{width}")
+    rows = planes.reshape(width, n)
+    acc: npt.NDArray[np.uint64] = rows[0].astype(utype)
+    for k in range(1, width):
+        acc |= rows[k].astype(utype) << np.uint8(8 * k)
+    return acc
+
+
+def _undelta(planes: npt.NDArray[np.uint8], n: int) -> npt.NDArray[np.float64]:
+    z = _from_planes(planes, n, 4).astype(np.int64)
     return np.cumsum((z >> 1) ^ -(z & 1)).astype(np.float64)
-
-
-def _store(
-    out: npt.NDArray[np.uint8], layout: CloudLayout, name: str, values: npt.NDArray[np.float64]
-) -> None:
-    field = layout.field(name)
-    column = values.astype(field.type.dtype).view(np.uint8).reshape(-1, field.type.size)
-    out[:, field.offset : field.offset + field.type.size] = column
