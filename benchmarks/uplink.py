@@ -143,14 +143,16 @@ def render(report: dict[str, Any], rate: str) -> str:
         "",
         f"{'scenario':<48} {'p50 ms':>7} {'p99 ms':>7} {'uplink p50':>10} {'uplink p99':>10} "
         f"{'clouds/s':>8} "
-        f"{'kB/cloud':>9} {'ratio':>6} {'edge ms/cloud':>13} {'bridge ms/cloud':>15}",
+        f"{'kB/cloud':>9} {'ratio':>6} {'edge ms/cloud':>13} {'bridge ms/cloud':>15} "
+        f"{'retrans':>7}",
     ]
     for r in report["runs"]:
         lines.append(
             f"{r['name']:<48} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['uplink_p50_ms']:>10.1f} "
             f"{r['uplink_p99_ms']:>10.1f} {r['clouds_per_s']:>8.2f} "
             f"{r['bytes_per_cloud'] / 1e3:>9.0f} {raw / r['bytes_per_cloud']:>6.2f} "
-            f"{r['edge_cpu_ms_per_cloud']:>13.1f} {r['bridge_cpu_ms_per_cloud']:>15.1f}"
+            f"{r['edge_cpu_ms_per_cloud']:>13.1f} {r['bridge_cpu_ms_per_cloud']:>15.1f} "
+            f"{r['retransmits']:>7}"
         )
     lines += ["", f"{'codec alone (one process)':<48} {'kB/cloud':>9} {'ratio':>6} "
               f"{'encode ms':>10} {'decode ms':>10} {'max error':>10}"]  # fmt: skip
@@ -168,6 +170,13 @@ def render(report: dict[str, Any], rate: str) -> str:
 
 
 # -- inside the namespace ---------------------------------------------------------------------
+
+
+def _retransmits() -> int:
+    """TCP segments retransmitted in this network namespace so far (``/proc/net/snmp``)."""
+    lines = [ln.split() for ln in Path("/proc/net/snmp").read_text().splitlines()]
+    head, values = [ln for ln in lines if ln[0] == "Tcp:"][:2]
+    return int(values[head.index("RetransSegs")])
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -196,7 +205,8 @@ async def run_scenario(sc: Scenario, seconds: float, warmup: float) -> dict[str,
 
     # Per namespace: every socket in it, gRPC's included (which the SDK cannot reach).
     lowat = str(sc.sysctl_lowat or 4294967295)
-    subprocess.run(["sysctl", "-qw", f"net.ipv4.tcp_notsent_lowat={lowat}"], check=True)
+    setting = f"net.ipv4.tcp_notsent_lowat={lowat}"
+    await asyncio.to_thread(subprocess.run, ["sysctl", "-qw", setting], check=True)
     async with SinkServer(fsync=False, on_frame=on_frame) as sink:
         cmd = serve_command(
             "--ws-port", str(WS_PORT), "--grpc-port", str(GRPC_PORT), "--http-port", "0",
@@ -216,9 +226,10 @@ async def run_scenario(sc: Scenario, seconds: float, warmup: float) -> dict[str,
                 raise RuntimeError(f"edge did not start: {ready!r}")
             await asyncio.sleep(warmup)
             window[:] = [time.time(), time.time() + seconds]
-            cpu0 = _cpu_seconds(bridge.proc.pid)
+            cpu0, retrans0 = _cpu_seconds(bridge.proc.pid), _retransmits()
             await asyncio.sleep(seconds)
             bridge_cpu = _cpu_seconds(bridge.proc.pid) - cpu0
+            retransmits = _retransmits() - retrans0
             out = await asyncio.wait_for(edge.stdout.read(), 120)
             await edge.wait()
             edge_report = json.loads(out.decode().strip().splitlines()[-1])
@@ -237,6 +248,7 @@ async def run_scenario(sc: Scenario, seconds: float, warmup: float) -> dict[str,
         "uplink_p50_ms": statistics.median(uplink) if uplink else float("nan"),
         "uplink_p99_ms": uplink[int(0.99 * (len(uplink) - 1))] if uplink else float("nan"),
         "telemetry": len(latencies),
+        "retransmits": retransmits,
         "clouds": clouds[0],
         "clouds_per_s": clouds[0] / seconds,
         "bytes_per_cloud": edge_report["bytes_per_cloud"],
