@@ -144,7 +144,7 @@ def render(report: dict[str, Any], rate: str) -> str:
         f"{'scenario':<48} {'p50 ms':>7} {'p99 ms':>7} {'uplink p50':>10} {'uplink p99':>10} "
         f"{'clouds/s':>8} "
         f"{'kB/cloud':>9} {'ratio':>6} {'edge ms/cloud':>13} {'bridge ms/cloud':>15} "
-        f"{'retrans':>7}",
+        f"{'drops':>5} {'retrans':>7} {'load':>5}",
     ]
     for r in report["runs"]:
         lines.append(
@@ -152,7 +152,7 @@ def render(report: dict[str, Any], rate: str) -> str:
             f"{r['uplink_p99_ms']:>10.1f} {r['clouds_per_s']:>8.2f} "
             f"{r['bytes_per_cloud'] / 1e3:>9.0f} {raw / r['bytes_per_cloud']:>6.2f} "
             f"{r['edge_cpu_ms_per_cloud']:>13.1f} {r['bridge_cpu_ms_per_cloud']:>15.1f} "
-            f"{r['retransmits']:>7}"
+            f"{r['link_drops']:>5} {r['retransmits']:>7} {r['load_avg']:>5.1f}"
         )
     lines += ["", f"{'codec alone (one process)':<48} {'kB/cloud':>9} {'ratio':>6} "
               f"{'encode ms':>10} {'decode ms':>10} {'max error':>10}"]  # fmt: skip
@@ -164,7 +164,9 @@ def render(report: dict[str, Any], rate: str) -> str:
     lines.append("")
     lines.append(
         "telemetry: 100 Hz, capture on the edge → received by the sink; clouds/s, telemetry and "
-        "CPU over the same window; ms/cloud = process CPU in the window / clouds delivered"
+        "CPU over the same window; ms/cloud = process CPU in the window / clouds delivered;\n"
+        "drops: packets the shaped link dropped (queue full), retrans: TCP retransmissions in the "
+        "namespace, load: the host's 1-minute load average at the end of the run"
     )
     return "\n".join(lines)
 
@@ -177,6 +179,16 @@ def _retransmits() -> int:
     lines = [ln.split() for ln in Path("/proc/net/snmp").read_text().splitlines()]
     head, values = [ln for ln in lines if ln[0] == "Tcp:"][:2]
     return int(values[head.index("RetransSegs")])
+
+
+def _tbf_drops() -> int:
+    """Packets the shaped link dropped so far (its queue was full)."""
+    out = subprocess.run(
+        ["tc", "-s", "qdisc", "show", "dev", "lo", "parent", "1:10"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    words = out.replace(",", " ").split()
+    return int(words[words.index("dropped") + 1]) if "dropped" in words else 0
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -227,9 +239,11 @@ async def run_scenario(sc: Scenario, seconds: float, warmup: float) -> dict[str,
             await asyncio.sleep(warmup)
             window[:] = [time.time(), time.time() + seconds]
             cpu0, retrans0 = _cpu_seconds(bridge.proc.pid), _retransmits()
+            drops0 = await asyncio.to_thread(_tbf_drops)
             await asyncio.sleep(seconds)
             bridge_cpu = _cpu_seconds(bridge.proc.pid) - cpu0
             retransmits = _retransmits() - retrans0
+            drops = await asyncio.to_thread(_tbf_drops) - drops0
             out = await asyncio.wait_for(edge.stdout.read(), 120)
             await edge.wait()
             edge_report = json.loads(out.decode().strip().splitlines()[-1])
@@ -249,6 +263,8 @@ async def run_scenario(sc: Scenario, seconds: float, warmup: float) -> dict[str,
         "uplink_p99_ms": uplink[int(0.99 * (len(uplink) - 1))] if uplink else float("nan"),
         "telemetry": len(latencies),
         "retransmits": retransmits,
+        "link_drops": drops,
+        "load_avg": os.getloadavg()[0],
         "clouds": clouds[0],
         "clouds_per_s": clouds[0] / seconds,
         "bytes_per_cloud": edge_report["bytes_per_cloud"],

@@ -31,9 +31,10 @@ from bridge.v1 import bridge_pb2 as pb
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-#: While the socket holds more than ``send_lowat_bytes`` unsent, pieces wait and the sender
-#: looks again after this long (a higher lane's frame wakes it at once).
-LINK_POLL_SECONDS = 0.003
+#: While the socket holds more than ``send_lowat_bytes`` unsent, pieces wait and the sender looks
+#: again when the excess should have drained at the link's rate, at least this long (a higher
+#: lane's frame wakes it at once).
+LINK_POLL_SECONDS = 0.002
 #: Reconnect backoff (seconds): exponential from BACKOFF_BASE, capped, with jitter.
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 5.0
@@ -80,7 +81,7 @@ class EdgeClient:
     ``on_delivered(stream_id, seq, capture_time_ns, now_ns)`` is called once per delivered frame,
     on the event loop.
 
-    Slow links: frames above ``chunk_bytes`` (64 KiB) are sent in pieces and higher-priority
+    Slow links: frames above ``chunk_bytes`` (32 KiB) are sent in pieces and higher-priority
     lanes (``StreamSpec.priority``; telemetry before clouds by default) go between the pieces,
     when streams of several lanes share the connection and the link would be held longer than
     ``lane_max_hold_seconds`` (10 ms; WebSocket estimates the link from the kernel's delivery
@@ -407,28 +408,29 @@ class EdgeClient:
                 await conn.close()  # the receiver sees the end and the loop reconnects
 
     async def _send_lanes(self, conn: Connection, lanes: LaneScheduler) -> None:
-        """The send loop with lanes: pieces of large frames, higher lanes in between."""
+        """The send loop with lanes: pieces of large frames, higher lanes in between. While the
+        socket holds more than ``send_lowat_bytes`` unsent, no piece is written; the loop looks
+        again when that much should have drained (or at once when a frame is published)."""
         lanes.reset()
         lowat = self.send_lowat_bytes
         loop = asyncio.get_running_loop()
-
-        def link_busy() -> bool:
-            return bool(lowat) and conn.unsent_bytes() > lowat
-
         try:
             while True:
                 limit = self.welcome.limits.max_frame_bytes if self.welcome else 0
                 rate = conn.link_bytes_per_second()
-                out = lanes.next(limit, pieces=not link_busy(), link_bytes_per_second=rate)
+                excess = conn.unsent_bytes() - lowat if lowat else 0
+                out = lanes.next(limit, pieces=excess <= 0, link_bytes_per_second=rate)
                 if out is None:
                     self._notify()  # next may have rejected oversized frames
                     self._wake.clear()
-                    busy = link_busy()
-                    if (
-                        out := lanes.next(limit, pieces=not busy, link_bytes_per_second=rate)
-                    ) is None:
-                        # Busy: look again soon (the socket drains without telling us).
-                        poll = loop.call_later(LINK_POLL_SECONDS, self._wake.set) if busy else None
+                    excess = conn.unsent_bytes() - lowat if lowat else 0
+                    out = lanes.next(limit, pieces=excess <= 0, link_bytes_per_second=rate)
+                    if out is None:
+                        poll = None
+                        if excess > 0:  # the socket drains without telling us
+                            delay = excess / rate if rate else LINK_POLL_SECONDS
+                            delay = min(max(delay, LINK_POLL_SECONDS), 0.05)
+                            poll = loop.call_later(delay, self._wake.set)
                         await self._wake.wait()
                         if poll is not None:
                             poll.cancel()
@@ -436,9 +438,8 @@ class EdgeClient:
                 await conn.send(out.data)
                 if out.done is not None:
                     self.core.mark_sent(out.done)
-                await asyncio.sleep(
-                    0
-                )  # websockets' send() does not yield while the socket takes data
+                # websockets' send() does not yield while the socket takes data.
+                await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -25,7 +25,7 @@ from bridge import wire
 from bridge.client.core import EdgeCore, Entry
 from bridge.v1 import bridge_pb2 as pb
 
-DEFAULT_CHUNK_BYTES = 64 * 1024
+DEFAULT_CHUNK_BYTES = 32 * 1024
 #: A frame the link carries within this long goes whole (no piece overhead on fast links).
 DEFAULT_MAX_HOLD_SECONDS = 0.01
 #: A piece's own framing (keys, stream id, seq, sizes) on top of its data, with room to spare.
