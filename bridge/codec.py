@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 
 from bridge import wire
 from bridge.cloud import CloudLayout, make_layout, point_count
-from bridge.errors import FrameTooLarge, MalformedMessage, TelemetryTooLarge
+from bridge.errors import BatchTooLarge, FrameTooLarge, MalformedMessage, TelemetryTooLarge
 from bridge.v1 import bridge_pb2 as pb
 
 
@@ -23,12 +23,15 @@ class Limits:
     max_streams_per_session: int
     max_telemetry_bytes: int = 1 << 20
     max_telemetry_entries: int = 4096
+    max_batch_frames: int = 256  # 0 = no FrameBatch accepted
 
     def to_proto(self) -> pb.ServerLimits:
         return pb.ServerLimits(
             max_frame_bytes=self.max_frame_bytes,
             max_points=self.max_points,
             max_streams_per_session=self.max_streams_per_session,
+            max_batch_frames=self.max_batch_frames,
+            max_telemetry_bytes=self.max_telemetry_bytes,
         )
 
 
@@ -41,7 +44,8 @@ def decode_edge(raw: bytes, limits: Limits) -> pb.EdgeMessage:
     """
     if len(raw) > limits.max_frame_bytes:
         raise FrameTooLarge(f"message of {len(raw)} bytes exceeds max {limits.max_frame_bytes}")
-    telemetry_bytes = _telemetry_size(raw)
+    # A message no larger than the limit cannot carry too much telemetry: skip the walk.
+    telemetry_bytes = _telemetry_size(raw) if len(raw) > limits.max_telemetry_bytes else 0
     if telemetry_bytes > limits.max_telemetry_bytes:
         raise TelemetryTooLarge(
             f"telemetry of {telemetry_bytes} bytes exceeds max_telemetry_bytes "
@@ -56,16 +60,75 @@ def decode_edge(raw: bytes, limits: Limits) -> pb.EdgeMessage:
     kind = msg.WhichOneof("kind")
     if kind is None:
         raise MalformedMessage("EdgeMessage carries neither hello nor frame")
-    if kind == "frame" and telemetry_bytes:
-        entries = len(msg.frame.telemetry.values)
-        if entries > limits.max_telemetry_entries:
-            header = pb.Frame(stream_id=msg.frame.stream_id, seq=msg.frame.seq)
-            raise TelemetryTooLarge(
-                f"telemetry with {entries} entries exceeds max_telemetry_entries "
-                f"{limits.max_telemetry_entries}",
-                frame=header,
-            )
+    if kind == "batch":  # a batch arriving where is_batch() was not asked (e.g. first message)
+        raise MalformedMessage("a FrameBatch is not a whole EdgeMessage here")
+    if kind == "frame" and msg.frame.HasField("telemetry"):
+        _check_entries(msg.frame, limits)
     return msg
+
+
+def _check_entries(frame: pb.Frame, limits: Limits) -> None:
+    entries = len(frame.telemetry.values)
+    if entries > limits.max_telemetry_entries:
+        header = pb.Frame(stream_id=frame.stream_id, seq=frame.seq)
+        raise TelemetryTooLarge(
+            f"telemetry with {entries} entries exceeds max_telemetry_entries "
+            f"{limits.max_telemetry_entries}",
+            frame=header,
+        )
+
+
+_BATCH_KEY = wire.field_key(pb.EdgeMessage.DESCRIPTOR, "batch")
+_IN_BATCH_KEY = wire.field_key(pb.FrameBatch.DESCRIPTOR, "frames")
+
+
+def is_batch(raw: bytes) -> bool:
+    """Whether ``raw`` is an ``EdgeMessage{batch}`` (decoded by :func:`batch_spans`)."""
+    return raw.startswith(_BATCH_KEY)
+
+
+def batch_spans(raw: bytes, limits: Limits) -> list[tuple[int, int]]:
+    """(start, end) of each Frame in an ``EdgeMessage{batch}``, checked against the limits
+    before anything is parsed: the frame count, and the telemetry bytes of all frames together
+    (the same parse-cost bound one message has). Each frame is then parsed on its own
+    (:func:`decode_frame`), so no frame's memory outlives it inside a shared batch."""
+    if len(raw) > limits.max_frame_bytes:
+        raise FrameTooLarge(f"message of {len(raw)} bytes exceeds max {limits.max_frame_bytes}")
+    try:
+        length, start = wire.decode_varint(raw, len(_BATCH_KEY))
+        if start + length != len(raw):
+            raise ValueError("batch length does not match the message")
+        spans = [
+            (start + a, start + b)
+            for a, b in wire.repeated_spans(memoryview(raw)[start:], _IN_BATCH_KEY)
+        ]
+    except (IndexError, ValueError) as exc:
+        raise MalformedMessage(f"not a valid FrameBatch: {exc}") from None
+    if not spans:
+        raise MalformedMessage("empty FrameBatch")
+    if len(spans) > limits.max_batch_frames:
+        raise BatchTooLarge(
+            f"FrameBatch of {len(spans)} frames exceeds max_batch_frames {limits.max_batch_frames}"
+        )
+    telemetry = sum(_telemetry_in(raw, a, b) for a, b in spans)
+    if telemetry > limits.max_telemetry_bytes:
+        raise BatchTooLarge(
+            f"FrameBatch with {telemetry} telemetry bytes exceeds max_telemetry_bytes "
+            f"{limits.max_telemetry_bytes}"
+        )
+    return spans
+
+
+def decode_frame(raw: bytes, start: int, end: int, limits: Limits) -> pb.Frame:
+    """One Frame of a batch (see :func:`batch_spans`)."""
+    frame = pb.Frame()
+    try:
+        frame.ParseFromString(raw[start:end])
+    except DecodeError as exc:
+        raise MalformedMessage(f"not a valid Frame in a FrameBatch: {exc}") from None
+    if frame.HasField("telemetry"):
+        _check_entries(frame, limits)
+    return frame
 
 
 _FRAME_KEY = wire.field_key(pb.EdgeMessage.DESCRIPTOR, "frame")
@@ -85,6 +148,14 @@ def _frame_fields(raw: bytes) -> list[tuple[int, int, int, int]]:
         end = i + length
         if end > len(raw):
             return []
+    except (IndexError, ValueError):
+        return []
+    return _fields_in(raw, i, end)
+
+
+def _fields_in(raw: bytes, i: int, end: int) -> list[tuple[int, int, int, int]]:
+    """:func:`_frame_fields` of the Frame at ``raw[i:end]``."""
+    try:
         out = []
         while i < end:
             key, i = wire.decode_varint(raw, i)
@@ -107,6 +178,10 @@ def _frame_fields(raw: bytes) -> list[tuple[int, int, int, int]]:
 
 def _telemetry_size(raw: bytes) -> int:
     return sum(size for n, t, _, size in _frame_fields(raw) if n == _TELEMETRY and t == 2)
+
+
+def _telemetry_in(raw: bytes, start: int, end: int) -> int:
+    return sum(size for n, t, _, size in _fields_in(raw, start, end) if n == _TELEMETRY and t == 2)
 
 
 def _frame_header(raw: bytes) -> pb.Frame:

@@ -360,6 +360,18 @@ class BridgeCore:
             raise InvalidLayout(f"stream {stream.stream_id!r} expects telemetry frames")
         return None, 0
 
+    def resume_ready(self, session: Session, stream_id: str, size: int) -> bool:
+        """Whether a paused stream has drained to its low watermark: half its ring free (at
+        least one more frame of ``size``). Why not "one frame fits": resuming then pauses again
+        after the next frame, a PAUSE/RESUME pair per frame that keeps the edge stop-and-go."""
+        stream = session.streams.get(stream_id)
+        if stream is None:
+            return True
+        ring = stream.ring
+        # No floor under a ring's share: a frame may be larger than the whole ring (it
+        # borrows), so an empty ring always resumes.
+        return ring.occupancy_bytes == 0 or ring.free_bytes >= max(size, ring.capacity_bytes // 2)
+
     # -- processing -------------------------------------------------------------------------
     def take_work(self, accept: Callable[[Stream], bool] | None = None) -> WorkItem | None:
         """Next frame to process, round robin over streams with pending frames (only streams

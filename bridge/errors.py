@@ -19,6 +19,7 @@ and the metrics read the same row, so a WebSocket edge and a gRPC edge are told 
     │   ├── ChunkSequence     a FrameChunk out of order, overlapping, oversize or inconsistent
     │   ├── ChunkAbandoned    a chunked frame left incomplete
     │   ├── CodecError        an encoded cloud that does not decode, or an unknown codec
+    │   ├── BatchTooLarge     a FrameBatch above max_batch_frames or the telemetry bytes limit
     │   ├── Unauthenticated   missing/wrong bearer token
     │   └── SessionTaken      a Hello for a live device without that session's resume token
     ├── StartupError          a listener could not be bound
@@ -70,6 +71,7 @@ WIRE: dict[str, WireError] = {
     "chunk_too_large": WireError(pb.TOO_LARGE, _POLICY, "RESOURCE_EXHAUSTED", False),
     "chunk_abandoned": WireError(pb.CHUNK_ABANDONED, _POLICY, "INVALID_ARGUMENT", False),
     "codec_error": WireError(pb.CODEC_ERROR, _POLICY, "INVALID_ARGUMENT", False),
+    "batch_too_large": WireError(pb.TOO_LARGE, _TOO_BIG, "RESOURCE_EXHAUSTED", True),
 }
 
 
@@ -174,6 +176,13 @@ class ChunkAbandoned(ProtocolError):
 
 class CodecError(ProtocolError):
     reason = "codec_error"
+
+
+class BatchTooLarge(ProtocolError):
+    """Fatal: the Welcome told the edge the batch limits (a batch is refused whole, so a
+    non-fatal refusal could not say which of its frames were not taken)."""
+
+    reason = "batch_too_large"
 
 
 class StartupError(BridgeError):

@@ -73,27 +73,33 @@ class Uplink:
             abandoned = self.chunks.frame_arrived(frame.stream_id)
             if abandoned is not None:
                 ready.errors.append(abandoned)
+        try:
+            size = self.decode(frame, size, charge)
+        except ProtocolError as exc:
+            charge.release()
+            ready.errors.append(exc)
+            return ready
         ready.frame, ready.size, ready.charge = frame, size, charge
-        spec = self.codecs.get(frame.stream_id)
-        if spec is not None and frame.WhichOneof("payload") == "point_cloud":
-            try:
-                encoded, decoded = compress.decode_cloud(
-                    frame.point_cloud,
-                    spec,
-                    self.limits.max_points,
-                    self.limits.max_frame_bytes,
-                )
-            except ProtocolError as exc:
-                exc.frame = pb.Frame(stream_id=frame.stream_id, seq=frame.seq)
-                charge.release()
-                ready.frame, ready.charge = None, None
-                ready.errors.append(exc)
-                return ready
-            # The ring holds the decoded records: charge what is held (growth is one frame,
-            # at most max_frame_bytes, per connection at a time, like decimation's own).
-            ready.size = size - encoded + decoded
-            charge.resize(max(charge.nbytes, ready.size))
         return ready
+
+    def decode(self, frame: pb.Frame, size: int, charge: Charge) -> int:
+        """Decode ``frame``'s cloud in place when its stream has a codec; return the bytes it
+        now holds, which ``charge`` is resized to (it grows by one decoded frame, at most
+        ``max_frame_bytes``, per connection at a time, like decimation's own). A refusal
+        (``ProtocolError`` naming the frame) leaves ``charge`` to the caller."""
+        spec = self.codecs.get(frame.stream_id)
+        if spec is None or frame.WhichOneof("payload") != "point_cloud":
+            return size
+        try:
+            encoded, decoded = compress.decode_cloud(
+                frame.point_cloud, spec, self.limits.max_points, self.limits.max_frame_bytes
+            )
+        except ProtocolError as exc:
+            exc.frame = pb.Frame(stream_id=frame.stream_id, seq=frame.seq)
+            raise
+        size = size - encoded + decoded
+        charge.resize(max(charge.nbytes, size))
+        return size
 
     def close(self) -> None:
         self.chunks.close()

@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from bridge.batches import frames_of
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
 from loadgen.edge import cancel_and_wait
@@ -68,6 +69,18 @@ class _Servicer(bridge_pb2_grpc.VisualizationSinkServicer):
     async def Push(self, request_iterator: AsyncIterator[pb.ProcessedFrame], context: Any) -> None:
         await self._server._push(request_iterator, context)
 
+    async def PushBatch(
+        self, request_iterator: AsyncIterator[pb.ProcessedFrameBatch], context: Any
+    ) -> None:
+        server = self._server
+
+        async def counted() -> AsyncIterator[pb.ProcessedFrameBatch]:
+            async for batch in request_iterator:
+                server.push_batches += 1
+                yield batch
+
+        await server._push(frames_of(counted()), context)
+
 
 class SinkServer:
     """A VisualizationSink gRPC server on ``listen`` (port 0 = any free port).
@@ -108,6 +121,7 @@ class SinkServer:
         self.replayed = 0
         # Counters
         self.push_streams = 0
+        self.push_batches = 0  # PushBatch messages (each one or more frames)
         self.active_push_streams = 0
         self.acks_sent = 0
         self.batches = 0
@@ -127,7 +141,7 @@ class SinkServer:
         ]
         self._server = grpc.aio.server(options=opts)
         bridge_pb2_grpc.add_VisualizationSinkServicer_to_server(  # type: ignore[no-untyped-call]
-            _Servicer(self), self._server
+            self._servicer(), self._server
         )
         self.port = (
             self._server.add_secure_port(self.listen, self.server_credentials)
@@ -159,12 +173,16 @@ class SinkServer:
         rep = self.record.report()
         rep["server"] = {
             "push_streams": self.push_streams,
+            "push_batches": self.push_batches,
             "active_push_streams": self.active_push_streams,
             "batches": self.batches,
             "acks_sent": self.acks_sent,
             "replayed_records": self.replayed,
         }
         return rep
+
+    def _servicer(self) -> bridge_pb2_grpc.VisualizationSinkServicer:
+        return _Servicer(self)
 
     # -- one Push stream --------------------------------------------------------------------
 

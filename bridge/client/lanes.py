@@ -38,6 +38,7 @@ class Outgoing:
 
     data: bytes
     done: Entry | None
+    whole: bool = False  # the frame's own EdgeMessage (not a piece)
 
 
 class LaneScheduler:
@@ -94,11 +95,15 @@ class LaneScheduler:
                 )
             )
         ):
-            return Outgoing(entry.data, entry)
+            return Outgoing(entry.data, entry, whole=True)
         if not pieces:
             return None
-        _, start = wire.decode_varint(entry.data, 1)  # after EdgeMessage.frame's key and length
-        total = len(entry.data) - start
+        # The serialized Frame is the head after EdgeMessage.frame's key and length, then the
+        # prepared payload; pieces are cut from those two without joining them.
+        _, start = wire.decode_varint(entry.head, 1)
+        head = entry.head[start:]
+        body = entry.payload.frame_bytes
+        total = len(head) + len(body)
         sent = self._progress.get(key, 0)
         end = min(total, sent + self.chunk_bytes)
         piece = pb.EdgeMessage(
@@ -107,7 +112,7 @@ class LaneScheduler:
                 seq=entry.seq,
                 total_bytes=total,
                 offset=sent,
-                data=entry.data[start + sent : start + end],
+                data=_cut(head, body, sent, end),
             )
         ).SerializeToString()
         self.chunks_sent += 1
@@ -118,3 +123,13 @@ class LaneScheduler:
             self._progress = {k: v for k, v in self._progress.items() if k[0] != key[0]}
         self._progress[key] = end
         return Outgoing(piece, None)
+
+
+def _cut(head: bytes, body: bytes, start: int, end: int) -> bytes:
+    """Bytes ``start:end`` of ``head + body``, copying only those."""
+    h = len(head)
+    if end <= h:
+        return head[start:end]
+    if start >= h:
+        return body[start - h : end - h]
+    return head[start:] + body[: end - h]

@@ -238,25 +238,37 @@ class FrameChunk(_message.Message):
     data: bytes
     def __init__(self, stream_id: _Optional[str] = ..., seq: _Optional[int] = ..., total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class FrameBatch(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
+
 class EdgeMessage(_message.Message):
-    __slots__ = ("hello", "frame", "chunk")
+    __slots__ = ("hello", "frame", "batch", "chunk")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     FRAME_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     frame: Frame
+    batch: FrameBatch
     chunk: FrameChunk
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., frame: _Optional[_Union[Frame, _Mapping]] = ..., chunk: _Optional[_Union[FrameChunk, _Mapping]] = ...) -> None: ...
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., frame: _Optional[_Union[Frame, _Mapping]] = ..., batch: _Optional[_Union[FrameBatch, _Mapping]] = ..., chunk: _Optional[_Union[FrameChunk, _Mapping]] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("max_frame_bytes", "max_points", "max_streams_per_session")
+    __slots__ = ("max_frame_bytes", "max_points", "max_streams_per_session", "max_batch_frames", "max_telemetry_bytes")
     MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_POINTS_FIELD_NUMBER: _ClassVar[int]
     MAX_STREAMS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TELEMETRY_BYTES_FIELD_NUMBER: _ClassVar[int]
     max_frame_bytes: int
     max_points: int
     max_streams_per_session: int
-    def __init__(self, max_frame_bytes: _Optional[int] = ..., max_points: _Optional[int] = ..., max_streams_per_session: _Optional[int] = ...) -> None: ...
+    max_batch_frames: int
+    max_telemetry_bytes: int
+    def __init__(self, max_frame_bytes: _Optional[int] = ..., max_points: _Optional[int] = ..., max_streams_per_session: _Optional[int] = ..., max_batch_frames: _Optional[int] = ..., max_telemetry_bytes: _Optional[int] = ...) -> None: ...
 
 class StreamState(_message.Message):
     __slots__ = ("stream_id", "delivered_seq", "accepted_seq")
@@ -427,3 +439,9 @@ class SinkAck(_message.Message):
     bridge_seq: int
     watermarks: _containers.RepeatedCompositeFieldContainer[StreamWatermark]
     def __init__(self, bridge_seq: _Optional[int] = ..., watermarks: _Optional[_Iterable[_Union[StreamWatermark, _Mapping]]] = ...) -> None: ...
+
+class ProcessedFrameBatch(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[ProcessedFrame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[ProcessedFrame, _Mapping]]] = ...) -> None: ...

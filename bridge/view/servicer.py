@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from bridge.batches import frames_of
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
 from bridge.view import convert
@@ -182,6 +183,11 @@ class _Servicer(bridge_pb2_grpc.VisualizationSinkServicer):
 
     async def Push(self, request_iterator: AsyncIterator[pb.ProcessedFrame], context: Any) -> None:
         await self._sink.push(request_iterator, context.write)
+
+    async def PushBatch(
+        self, request_iterator: AsyncIterator[pb.ProcessedFrameBatch], context: Any
+    ) -> None:
+        await self._sink.push(frames_of(request_iterator), context.write)
 
 
 def grpc_server(
