@@ -203,16 +203,102 @@ def layout_key(cloud: pb.PointCloud) -> LayoutKey:
 
 
 def cloud_layout(
-    cloud: pb.PointCloud, limits: Limits, cached: tuple[LayoutKey, CloudLayout] | None = None
+    cloud: pb.PointCloud,
+    limits: Limits,
+    cached: tuple[LayoutKey, CloudLayout] | None = None,
+    nbytes: int | None = None,
 ) -> tuple[CloudLayout, int, LayoutKey]:
     """Validate a PointCloud's packed layout (unless ``cached`` already holds it) and its size.
 
-    Returns the layout, the point count and the layout's key. ``cloud.data`` is read once: the
-    protobuf runtime copies a bytes field on every access, which costs at 1 MB per frame.
+    Returns the layout, the point count and the layout's key. ``nbytes`` is ``len(cloud.data)``
+    when the caller already holds the data: the protobuf runtime copies a bytes field on every
+    access, which costs at 1 MB per frame.
     """
     key = layout_key(cloud)
     if cached is not None and cached[0] == key:
         layout = cached[1]
     else:
         layout = make_layout(key[0], list(key[1]))
-    return layout, point_count(layout, len(cloud.data), limits.max_points), key
+    size = len(cloud.data) if nbytes is None else nbytes
+    return layout, point_count(layout, size, limits.max_points), key
+
+
+# -- large clouds without a parse of their points ----------------------------------------------
+
+_F_STREAM, _F_SEQ, _F_CAPTURE, _F_CLOUD = (
+    wire.field_number(pb.Frame.DESCRIPTOR, name)
+    for name in ("stream_id", "seq", "capture_time_ns", "point_cloud")
+)
+_C_STRIDE, _C_DATA, _C_FIELDS = (
+    wire.field_number(pb.PointCloud.DESCRIPTOR, name) for name in ("point_stride", "data", "fields")
+)
+_C_META = {
+    wire.field_number(pb.PointCloud.DESCRIPTOR, name) for name in ("fields", "frame_id", "pose")
+}
+_U64 = 1 << 64
+
+
+def split_cloud_frame(raw: bytes) -> tuple[pb.Frame, memoryview] | None:
+    """An ``EdgeMessage{frame}`` carrying a point cloud, as (the frame without its points, a
+    view of the points in ``raw``): the megabytes of points are neither parsed nor copied.
+
+    Only the plain shape is taken (each Frame and PointCloud field at most once, the wire types
+    the schema says, nothing else); anything else returns None and the caller parses the whole
+    message, so malformed input gets the parser's own error and nothing is accepted here that
+    the parser would refuse."""
+    try:
+        return _split(raw)
+    except (IndexError, ValueError, UnicodeDecodeError, DecodeError):
+        return None
+
+
+def _split(raw: bytes) -> tuple[pb.Frame, memoryview] | None:
+    if not raw.startswith(_FRAME_KEY):
+        return None
+    length, i = wire.decode_varint(raw, len(_FRAME_KEY))
+    if i + length != len(raw):
+        return None
+    seen: dict[int, tuple[int, int]] = {}
+    for number, wire_type, value, size in _fields_in(raw, i, len(raw)) or [(0, 0, 0, 0)]:
+        expected = wire.WIRE_VARINT if number in (_F_SEQ, _F_CAPTURE) else wire.WIRE_LEN
+        if number not in (_F_STREAM, _F_SEQ, _F_CAPTURE, _F_CLOUD) or number in seen:
+            return None
+        if wire_type != expected:
+            return None
+        seen[number] = (value, size)
+    if _F_CLOUD not in seen:
+        return None
+    start, size = seen[_F_CLOUD]
+    meta_parts: list[bytes] = []
+    data: memoryview | None = None
+    cloud_seen: set[int] = set()
+    for number, wire_type, value, length in _fields_in(raw, start, start + size) or [(0, 0, 0, 0)]:
+        if number in cloud_seen and number != _C_FIELDS:  # only ``fields`` repeats
+            return None
+        cloud_seen.add(number)
+        if number == _C_STRIDE and wire_type == wire.WIRE_VARINT:
+            if value >= 1 << 32:
+                return None
+            meta_parts.append(wire.field_key(pb.PointCloud.DESCRIPTOR, "point_stride", 0))
+            meta_parts.append(wire.encode_varint(value))
+        elif number == _C_DATA and wire_type == wire.WIRE_LEN:
+            data = memoryview(raw)[value : value + length]
+        elif number in _C_META and wire_type == wire.WIRE_LEN:
+            meta_parts.append(bytes([(number << 3) | wire.WIRE_LEN]))
+            meta_parts.append(wire.encode_varint(length))
+            meta_parts.append(raw[value : value + length])
+        else:
+            return None
+    if data is None:
+        return None
+    frame = pb.Frame()
+    if _F_STREAM in seen:
+        at, n = seen[_F_STREAM]
+        frame.stream_id = raw[at : at + n].decode("utf-8")
+    if _F_SEQ in seen:
+        frame.seq = seen[_F_SEQ][0] % _U64
+    if _F_CAPTURE in seen:
+        capture = seen[_F_CAPTURE][0] % _U64
+        frame.capture_time_ns = capture - _U64 if capture >= 1 << 63 else capture
+    frame.point_cloud.ParseFromString(b"".join(meta_parts))
+    return frame, data

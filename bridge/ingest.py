@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge import codec
-from bridge.core import Offer
+from bridge.core import SPLIT_DATA_BYTES, Offer
 from bridge.credentials import DeviceTokenFile
 from bridge.errors import (
     FrameTooLarge,
@@ -360,15 +360,27 @@ class EdgeConnection:
                     if not await self._admit_batch(data, spans, owned):
                         return
                     continue
-                msg = codec.decode_edge(data, limits)
-                del data  # the wire bytes: only the parsed frame (charged) is kept
-                if msg.WhichOneof("kind") not in ("frame", "chunk"):
-                    raise ProtocolViolation("Hello may only be sent once per connection")
+                points: memoryview | None = None
+                msg: pb.EdgeMessage | None = None
+                split = codec.split_cloud_frame(data) if size >= SPLIT_DATA_BYTES else None
+                if split is not None:  # a large cloud: its points stay in the wire bytes
+                    frame, points = split
+                else:
+                    msg = codec.decode_edge(data, limits)
+                    if msg.WhichOneof("kind") not in ("frame", "chunk"):
+                        raise ProtocolViolation("Hello may only be sent once per connection")
+                del data  # the wire bytes: only the parsed frame (charged), or the points, stay
                 if self._edges.draining:
                     continue  # not accepted, not acked: the edge resends it after reconnecting
                 assert charge is not None and self._uplink is not None
                 owned, charge = charge, None
-                ready = self._uplink.take(msg, size, owned, time.monotonic())
+                now = time.monotonic()
+                if msg is None:
+                    assert frame is not None
+                    ready = self._uplink.take_split(frame, points, size, owned)
+                else:
+                    ready = self._uplink.take(msg, size, owned, now)
+                del points
                 charge = ready.charge
                 for refused in ready.errors:
                     await self._refuse(refused, fatal=False, frame=refused.frame)
@@ -376,7 +388,7 @@ class EdgeConnection:
                     continue
                 frame = ready.frame
                 owned, charge = charge, None
-                await self._admit(frame, ready.size, owned)
+                await self._admit(frame, ready.size, owned, ready.points)
             except ProtocolError as exc:
                 if exc.fatal:
                     await self._refuse(exc, fatal=True)
@@ -455,12 +467,14 @@ class EdgeConnection:
         finally:
             self._flow_task = None
 
-    async def _admit(self, frame: pb.Frame, size: int, charge: Charge) -> None:
+    async def _admit(
+        self, frame: pb.Frame, size: int, charge: Charge, points: memoryview | None = None
+    ) -> None:
         """Offer until the ring accepts (it takes over ``charge``); otherwise (a duplicate, an
         error, draining, cancelled) ``charge`` is released here, exactly once."""
         state = {"taken": False, "paused": False}
         try:
-            await self._offer_until_taken(frame, size, charge, state)
+            await self._offer_until_taken(frame, size, charge, state, points)
         finally:
             if not state["taken"]:
                 charge.release()
@@ -499,7 +513,12 @@ class EdgeConnection:
         return True
 
     async def _offer_until_taken(
-        self, frame: pb.Frame, size: int, charge: Charge, state: dict[str, bool]
+        self,
+        frame: pb.Frame,
+        size: int,
+        charge: Charge,
+        state: dict[str, bool],
+        points: memoryview | None = None,
     ) -> None:
         core, metrics = self._core, self._metrics
         assert self.session is not None
@@ -507,7 +526,7 @@ class EdgeConnection:
         while True:
             if space is not None:
                 space.clear()  # cleared before the offer: a wake-up after it is not lost
-            outcome = core.offer(self.session, frame, size, time.time_ns(), charge)
+            outcome = core.offer(self.session, frame, size, time.time_ns(), charge, points)
             if outcome is Offer.ACCEPTED:
                 state["taken"] = True
                 metrics.frames_accepted.inc()

@@ -34,7 +34,13 @@ class IngestCore(Protocol):
         self, hello: pb.Hello, connection: object, *, identity_proven: bool = False
     ) -> Attached: ...
     def offer(
-        self, session: Session, frame: pb.Frame, size: int, now_ns: int, charge: Charge | None
+        self,
+        session: Session,
+        frame: pb.Frame,
+        size: int,
+        now_ns: int,
+        charge: Charge | None,
+        data: bytes | memoryview | None = None,
     ) -> Offer: ...
     def reclaim_for_waiters(self) -> int: ...
     def resume_ready(self, session: Session, stream_id: str, size: int) -> bool: ...

@@ -27,6 +27,7 @@ class Ready:
     size: int = 0
     charge: Charge | None = None
     errors: list[ProtocolError] = field(default_factory=list)
+    points: memoryview | None = None  # a large cloud's points, still in the wire bytes
 
 
 class Uplink:
@@ -80,6 +81,27 @@ class Uplink:
             ready.errors.append(exc)
             return ready
         ready.frame, ready.size, ready.charge = frame, size, charge
+        return ready
+
+    def take_split(
+        self, frame: pb.Frame, points: memoryview | None, size: int, charge: Charge
+    ) -> Ready:
+        """A whole large cloud whose points were left in the wire bytes (``codec.split_cloud_
+        frame``): they stay there unless the stream's codec must decode them."""
+        ready = Ready()
+        abandoned = self.chunks.frame_arrived(frame.stream_id)
+        if abandoned is not None:
+            ready.errors.append(abandoned)
+        if frame.stream_id in self.codecs and points is not None:
+            frame.point_cloud.data = bytes(points)  # the encoded bytes: a fraction of the cloud
+            points = None
+        try:
+            size = self.decode(frame, size, charge)
+        except ProtocolError as exc:
+            charge.release()
+            ready.errors.append(exc)
+            return ready
+        ready.frame, ready.size, ready.charge, ready.points = frame, size, charge, points
         return ready
 
     def decode(self, frame: pb.Frame, size: int, charge: Charge) -> int:

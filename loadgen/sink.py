@@ -24,9 +24,9 @@ from typing import Any
 import grpc
 
 from bridge.batches import frames_of
+from bridge.sinkstream import serve_push
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
-from loadgen.edge import cancel_and_wait
 from loadgen.record import FrameRecord, RecordFile, SinkRecord, encode
 
 log = logging.getLogger(__name__)
@@ -189,40 +189,22 @@ class SinkServer:
     async def _push(self, requests: AsyncIterator[pb.ProcessedFrame], context: Any) -> None:
         self.push_streams += 1
         self.active_push_streams += 1
-        queue: asyncio.Queue[tuple[pb.ProcessedFrame, int] | None] = asyncio.Queue(
-            maxsize=4 * self.ack_batch_frames
-        )
 
-        async def reader() -> None:
-            try:
-                async for frame in requests:
-                    await queue.put((frame, self._clock()))
-            finally:
-                await queue.put(None)
+        def acked(_high: int) -> None:
+            self.acks_sent += 1
 
-        reader_task = asyncio.create_task(reader())
         try:
-            await context.write(self._watermark_ack())
-            high = 0
-            done = False
-            while not done:
-                item = await queue.get()
-                batch: list[tuple[pb.ProcessedFrame, int]] = []
-                while item is not None:
-                    batch.append(item)
-                    if len(batch) >= self.ack_batch_frames or queue.empty():
-                        break
-                    item = queue.get_nowait()
-                done = item is None
-                if batch:
-                    high = max(high, await self._record_batch(batch))
-                    await context.write(pb.SinkAck(bridge_seq=high))
-                    self.acks_sent += 1
-            if reader_task.done() and not reader_task.cancelled() and reader_task.exception():
-                log.info("push stream ended: %s", reader_task.exception())
+            await serve_push(
+                requests,
+                context.write,
+                self._watermark_ack(),
+                self._record_batch,
+                batch_frames=self.ack_batch_frames,
+                clock_ns=self._clock,
+                on_ack=acked,
+            )
         finally:
             self.active_push_streams -= 1
-            await cancel_and_wait(reader_task)
 
     def _watermark_ack(self) -> pb.SinkAck:
         return pb.SinkAck(
