@@ -38,6 +38,7 @@ from bridge.metrics import BridgeMetrics
 from bridge.ports import EdgeTransport, IngestCore, Received
 from bridge.session import Session, Stream, StreamKey
 from bridge.settings import Settings
+from bridge.uplink import Uplink
 from bridge.v1 import bridge_pb2 as pb
 
 log = logging.getLogger("bridge.ingest")
@@ -210,6 +211,7 @@ class EdgeConnection:
         self._flow_want = False  # session-wide PAUSE wanted (a receive grant is waiting)
         self._flow_sent = False
         self._flow_task: asyncio.Future[None] | None = None
+        self._uplink: Uplink | None = None  # chunks and codecs (bridge.uplink)
         self._last_size = 0  # the last message's bytes: the low watermark's unit
 
     def wake_acks(self, *, urgent: bool) -> None:
@@ -242,8 +244,10 @@ class EdgeConnection:
                 if edges.draining:
                     await self.send(self._drain_message())
                     return
+                Uplink.check_hello(msg.hello)
                 attached = core.hello(msg.hello, self, identity_proven=proven)
                 self.session, welcome = attached.session, attached.welcome
+                self._uplink = Uplink(msg.hello, self.session.streams, self._config.limits)
                 edges.supersede(attached.superseded)
             except ProtocolError as exc:
                 await self._refuse(exc, fatal=True)
@@ -277,6 +281,8 @@ class EdgeConnection:
                 ack_task.cancel()
             if self._flow_task is not None:
                 self._flow_task.cancel()
+            if self._uplink is not None:
+                self._uplink.close()
             edges.unregister(self)
             if self.session is not None:
                 core.detach(self.session, self, time.monotonic())
@@ -355,20 +361,34 @@ class EdgeConnection:
                         return
                     continue
                 points: memoryview | None = None
+                msg: pb.EdgeMessage | None = None
                 split = codec.split_cloud_frame(data) if size >= SPLIT_DATA_BYTES else None
                 if split is not None:  # a large cloud: its points stay in the wire bytes
                     frame, points = split
                 else:
                     msg = codec.decode_edge(data, limits)
-                    if msg.WhichOneof("kind") != "frame":
+                    if msg.WhichOneof("kind") not in ("frame", "chunk"):
                         raise ProtocolViolation("Hello may only be sent once per connection")
-                    frame = msg.frame
                 del data  # the wire bytes: only the parsed frame (charged), or the points, stay
                 if self._edges.draining:
                     continue  # not accepted, not acked: the edge resends it after reconnecting
-                assert charge is not None
+                assert charge is not None and self._uplink is not None
                 owned, charge = charge, None
-                await self._admit(frame, size, owned, points)
+                now = time.monotonic()
+                if msg is None:
+                    assert frame is not None
+                    ready = self._uplink.take_split(frame, points, size, owned)
+                else:
+                    ready = self._uplink.take(msg, size, owned, now)
+                del points
+                charge = ready.charge
+                for refused in ready.errors:
+                    await self._refuse(refused, fatal=False, frame=refused.frame)
+                if ready.frame is None or charge is None:
+                    continue
+                frame = ready.frame
+                owned, charge = charge, None
+                await self._admit(frame, ready.size, owned, ready.points)
             except ProtocolError as exc:
                 if exc.fatal:
                     await self._refuse(exc, fatal=True)
@@ -390,12 +410,13 @@ class EdgeConnection:
             frame: pb.Frame | None = None
             try:
                 frame = codec.decode_frame(data, start, end, limits)
-                assert part is not None
+                assert part is not None and self._uplink is not None
                 if self._edges.draining:
                     part.release()
                     continue
+                size = self._uplink.decode(frame, end - start, part)
                 owned, part = part, None
-                await self._admit(frame, end - start, owned)
+                await self._admit(frame, size, owned)
             except ProtocolError as exc:
                 if part is not None:
                     part.release()

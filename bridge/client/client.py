@@ -23,7 +23,20 @@ from types import TracebackType
 from typing import Any
 
 from bridge import batches
-from bridge.client.core import DeliveryHook, EdgeCore, EdgeStats, Entry, StreamSpec
+from bridge.client.core import (
+    CHUNK_RESTARTS,
+    DeliveryHook,
+    EdgeCore,
+    EdgeStats,
+    Entry,
+    StreamSpec,
+)
+from bridge.client.lanes import (
+    CHUNK_OVERHEAD,
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_MAX_HOLD_SECONDS,
+    LaneScheduler,
+)
 from bridge.client.payload import Payload, PreparedPayload
 from bridge.client.transport import Connection, Endpoint, TlsConfig, Transport, open_connection
 from bridge.v1 import bridge_pb2 as pb
@@ -31,6 +44,10 @@ from bridge.v1 import bridge_pb2 as pb
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: While the socket holds more than ``send_lowat_bytes`` unsent, pieces wait and the sender looks
+#: again when the excess should have drained at the link's rate, at least this long (a higher
+#: lane's frame wakes it at once).
+LINK_POLL_SECONDS = 0.002
 #: Reconnect backoff (seconds): exponential from BACKOFF_BASE, capped, with jitter.
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 5.0
@@ -82,6 +99,17 @@ class EdgeClient:
     While traffic is dense (the previous message went out less than ``batch_linger`` seconds
     ago) the sender waits up to ``batch_linger`` for a batch to fill; an isolated frame (e.g.
     100 Hz telemetry with a 5 ms linger) never waits.
+
+    Slow links: frames above ``chunk_bytes`` (32 KiB) are sent in pieces and higher-priority
+    lanes (``StreamSpec.priority``; telemetry before clouds by default) go between the pieces,
+    when streams of several lanes share the connection and the link would be held longer than
+    ``lane_max_hold_seconds`` (10 ms; WebSocket estimates the link from the kernel's delivery
+    rate, gRPC always uses pieces); ``chunk_bytes=0`` sends whole frames in publish order, as
+    clients before lanes did. On WebSocket the next piece is written only once the socket holds
+    less than ``send_lowat_bytes`` unsent (also set as ``TCP_NOTSENT_LOWAT``), so a telemetry
+    frame never queues behind megabytes inside the kernel (0: no limit; gRPC's socket is not
+    visible).
+    ``StreamSpec.codec`` compresses clouds (see the README's "Slow links").
     """
 
     def __init__(
@@ -101,6 +129,9 @@ class EdgeClient:
         welcome_timeout: float = 10.0,
         # Behaviour
         wait_for_room: bool = True,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        send_lowat_bytes: int = 16 * 1024,
+        lane_max_hold_seconds: float = DEFAULT_MAX_HOLD_SECONDS,
         batch_bytes: int = 64 * 1024,
         batch_linger: float = 0.005,
         stats: EdgeStats | None = None,
@@ -127,6 +158,12 @@ class EdgeClient:
         self.connect_timeout = connect_timeout
         self.welcome_timeout = welcome_timeout
         self.wait_for_room = wait_for_room
+        self.lanes = (
+            LaneScheduler(self.core, chunk_bytes, max_hold_seconds=lane_max_hold_seconds)
+            if chunk_bytes
+            else None
+        )
+        self.send_lowat_bytes = send_lowat_bytes if chunk_bytes else 0
         if batch_bytes < 0 or not 0 <= batch_linger <= 1.0:
             raise ValueError("batch_bytes >= 0 and 0 <= batch_linger <= 1 s please")
         self.batch_bytes = batch_bytes
@@ -316,6 +353,7 @@ class EdgeClient:
             tls=self.tls,
             max_message_bytes=self.max_message_bytes,
             connect_timeout=self.connect_timeout,
+            send_lowat_bytes=self.send_lowat_bytes,
         )
 
     async def _run(self) -> None:
@@ -396,7 +434,10 @@ class EdgeClient:
             self._wake.set()
         elif kind == "error":
             log.info("%s: bridge error %s", self.device_id, msg.error.message)
+            if self.lanes is not None and msg.error.code in CHUNK_RESTARTS:
+                self.lanes.restart(msg.error.stream_id, msg.error.seq)
             self.core.on_error(msg.error)
+            self._wake.set()
         elif kind == "drain":
             self.stats.drains += 1
             return msg.drain.reconnect_after_ms / 1000.0
@@ -405,6 +446,8 @@ class EdgeClient:
         return None
 
     async def _send_loop(self, conn: Connection) -> None:
+        if self.lanes is not None:
+            return await self._send_lanes(conn, self.lanes)
         loop = asyncio.get_running_loop()
         last_send = -1.0
         try:
@@ -440,3 +483,60 @@ class EdgeClient:
             log.debug("%s: send failed: %r", self.device_id, exc)
             with contextlib.suppress(Exception):
                 await conn.close()  # the receiver sees the end and the loop reconnects
+
+    async def _send_lanes(self, conn: Connection, lanes: LaneScheduler) -> None:
+        """The send loop with lanes: pieces of large frames, higher lanes in between. While the
+        socket holds more than ``send_lowat_bytes`` unsent, no piece is written; the loop looks
+        again when that much should have drained (or at once when a frame is published)."""
+        lanes.reset()
+        lowat = self.send_lowat_bytes
+        loop = asyncio.get_running_loop()
+        last_send = -1.0
+        try:
+            while True:
+                limit = self.welcome.limits.max_frame_bytes if self.welcome else 0
+                rate = conn.link_bytes_per_second()
+                excess = conn.unsent_bytes() - lowat if lowat else 0
+                out = lanes.next(limit, pieces=excess <= 0, link_bytes_per_second=rate)
+                if out is None:
+                    self._notify()  # next may have rejected oversized frames
+                    self._wake.clear()
+                    excess = conn.unsent_bytes() - lowat if lowat else 0
+                    out = lanes.next(limit, pieces=excess <= 0, link_bytes_per_second=rate)
+                    if out is None:
+                        poll = None
+                        if excess > 0:  # the socket drains without telling us
+                            delay = excess / rate if rate else LINK_POLL_SECONDS
+                            delay = min(max(delay, LINK_POLL_SECONDS), 0.05)
+                            poll = loop.call_later(delay, self._wake.set)
+                        await self._wake.wait()
+                        if poll is not None:
+                            poll.cancel()
+                        continue
+                data = out.data
+                if out.done is not None:
+                    # Marked before the await, as in _send_loop.
+                    self.core.mark_sent(out.done)
+                    # Small frames may share a message (never a frame that may go in pieces).
+                    cap = self._batch_cap()
+                    if lanes.mixed:
+                        cap = min(cap, lanes.chunk_bytes + CHUNK_OVERHEAD)
+                    if out.whole and out.done.nbytes < cap:
+                        entries = [out.done]
+                        dense = loop.time() - last_send < self.batch_linger
+                        await self._fill_batch(entries, cap, limit, linger=dense)
+                        if len(entries) > 1:
+                            self.stats.batches += 1
+                            data = batches.edge_batch([e.data for e in entries])
+                        del entries
+                await conn.send(data)
+                last_send = loop.time()
+                del data, out
+                # websockets' send() does not yield while the socket takes data.
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("%s: send failed: %r", self.device_id, exc)
+            with contextlib.suppress(Exception):
+                await conn.close()

@@ -17,7 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from bridge.client.codecs import CloudCodec, codec_spec, encode_payload
 from bridge.client.payload import Kind, Payload, PreparedPayload, frame_head
+from bridge.compress import CodecSpec
 from bridge.v1 import bridge_pb2 as pb
 
 Overflow = Literal["default", "backpressure", "drop_oldest"]
@@ -27,10 +29,28 @@ _OVERFLOW = {
     "drop_oldest": pb.DROP_OLDEST,
 }
 _KINDS = {"point_cloud": pb.POINT_CLOUD, "telemetry": pb.TELEMETRY}
+Priority = Literal["default", "control", "telemetry", "bulk"]
+_PRIORITIES = {
+    "default": pb.PRIORITY_UNSPECIFIED,
+    "control": pb.PRIORITY_CONTROL,
+    "telemetry": pb.PRIORITY_TELEMETRY,
+    "bulk": pb.PRIORITY_BULK,
+}
+#: The lane of a stream that does not choose one: telemetry before clouds.
+_DEFAULT_LANE = {"point_cloud": pb.PRIORITY_BULK, "telemetry": pb.PRIORITY_TELEMETRY}
 #: Error codes that refuse one frame (``Error.seq``) for good: resending it cannot succeed.
 FRAME_REJECTIONS = frozenset(
-    {pb.INVALID_LAYOUT, pb.TOO_LARGE, pb.TOO_MANY_POINTS, pb.UNKNOWN_STREAM, pb.SEQ_REGRESSION}
+    {
+        pb.INVALID_LAYOUT,
+        pb.TOO_LARGE,
+        pb.TOO_MANY_POINTS,
+        pb.UNKNOWN_STREAM,
+        pb.SEQ_REGRESSION,
+        pb.CODEC_ERROR,
+    }
 )
+#: Error codes after which a chunked frame is sent again from its first piece.
+CHUNK_RESTARTS = frozenset({pb.CHUNK_ABANDONED, pb.CHUNK_SEQUENCE})
 #: Called with (stream_id, seq, capture_time_ns, now_ns) for every frame newly delivered.
 DeliveryHook = Callable[[str, int, int, int], None]
 
@@ -52,8 +72,19 @@ class StreamSpec:
     passthrough: bool = False
     overflow: Overflow | int = "default"
     max_points: int = 0
+    priority: Priority = "default"
+    codec: CloudCodec = "none"
+    step: float = 0.001
+    attr_step: float = 0.0
+    level: int = 0
 
     def __post_init__(self) -> None:
+        if self.priority not in _PRIORITIES:
+            raise ValueError(f"priority must be one of {sorted(_PRIORITIES)}")
+        if self.codec != "none":
+            if self.kind != "point_cloud":
+                raise ValueError("codecs apply to point-cloud streams only")
+            self.codec_spec  # noqa: B018 - validates the codec's parameters
         if not self.stream_id:
             raise ValueError("stream_id must not be empty")
         if self.kind not in _KINDS:
@@ -72,7 +103,17 @@ class StreamSpec:
     def waits_for_room(self) -> bool:
         return self.policy != pb.DROP_OLDEST
 
+    @property
+    def lane(self) -> int:
+        """The ``bridge.v1.Priority`` this stream's frames are sent with (lower goes first)."""
+        return _PRIORITIES[self.priority] or _DEFAULT_LANE[self.kind]
+
+    @property
+    def codec_spec(self) -> CodecSpec:
+        return codec_spec(self.codec, step=self.step, attr_step=self.attr_step, level=self.level)
+
     def to_proto(self) -> pb.StreamSpec:
+        codec, params = self.codec_spec.to_proto()
         return pb.StreamSpec(
             stream_id=self.stream_id,
             kind=_KINDS[self.kind],
@@ -80,6 +121,9 @@ class StreamSpec:
             passthrough=self.passthrough,
             overflow=self.policy,  # type: ignore[arg-type]
             max_points=self.max_points,
+            priority=_PRIORITIES[self.priority],
+            codec=codec,  # type: ignore[arg-type]
+            codec_params=params,
         )
 
 
@@ -220,8 +264,10 @@ class EdgeCore:
 
     def prepare(self, stream_id: str, payload: Payload | PreparedPayload) -> PreparedPayload:
         """Encode ``payload`` for ``stream_id`` (KeyError if undeclared, TypeError if the
-        payload does not fit the stream's kind). Pure: safe to call from any thread."""
-        return PreparedPayload.of(payload, self.stream(stream_id).spec.kind)
+        payload does not fit the stream's kind), with the stream's codec. Pure: safe to call
+        from any thread."""
+        spec = self.stream(stream_id).spec
+        return encode_payload(PreparedPayload.of(payload, spec.kind), spec.codec_spec)
 
     def paused(self, stream_id: str) -> bool:
         return self.session_paused or self.stream(stream_id).paused
@@ -435,21 +481,40 @@ class EdgeCore:
             st.paused = paused
 
     def on_error(self, err: pb.Error) -> None:
-        """Count the error; forget the frame it names when resending could never succeed."""
+        """Count the error; forget the frame it names when resending could never succeed, or
+        queue it again when the bridge dropped it incomplete (a chunked frame)."""
         self.stats.errors[pb.ErrorCode.Name(err.code)] += 1
         if err.code in FRAME_REJECTIONS and err.stream_id and err.seq:
             self.reject(err.stream_id, err.seq)
+        elif err.code in CHUNK_RESTARTS and err.stream_id and err.seq:
+            self.requeue(err.stream_id, err.seq)
+
+    def requeue(self, stream_id: str, seq: int) -> bool:
+        """Send a buffered frame again on this connection (in seq order); False if it is gone
+        (delivered or evicted meanwhile) or already queued."""
+        st = self.streams.get(stream_id)
+        entry = st.buf.get(seq) if st is not None else None
+        if st is None or entry is None or any(e is entry for e in st.pending):
+            return False
+        st.pending = deque(sorted((*st.pending, entry), key=lambda e: e.seq))
+        return True
 
     # -- sending ------------------------------------------------------------------------------
 
-    def next_to_send(self, max_frame_bytes: int = 0) -> Entry | None:
-        """The oldest frame not yet sent on this connection, among streams that are not paused.
+    def next_to_send(self, max_frame_bytes: int = 0, *, by_lane: bool = False) -> Entry | None:
+        """The oldest frame not yet sent on this connection, among streams that are not paused
+        (with ``by_lane``: the oldest of the highest-priority lane that has one).
 
         Frames above ``max_frame_bytes`` (the Welcome's limit, 0 = none) are rejected here:
         sending one would only get the connection closed, again after every reconnect.
         """
         if self.session_paused:
             return None
+        lanes = {sid: st.spec.lane if by_lane else 0 for sid, st in self.streams.items()}
+
+        def rank(e: Entry) -> tuple[int, int]:
+            return lanes[e.stream_id], e.order
+
         best: Entry | None = None
         for st in self.streams.values():
             if st.paused:
@@ -461,7 +526,7 @@ class EdgeCore:
                 head = st.pending.popleft()
                 if head.seq in st.buf:
                     self.reject(head.stream_id, head.seq)
-            if st.pending and (best is None or st.pending[0].order < best.order):
+            if st.pending and (best is None or rank(st.pending[0]) < rank(best)):
                 best = st.pending[0]
         return best
 

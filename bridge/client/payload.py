@@ -69,6 +69,7 @@ class PreparedPayload:
 
     kind: Kind
     frame_bytes: bytes
+    codec: int = 0  # the bridge.v1.Codec its PointCloud.data is encoded with (0: raw)
 
     @property
     def nbytes(self) -> int:

@@ -117,6 +117,11 @@ class FakeBridge:
         try:
             while (msg := await conn.recv()) is not None:
                 frame = msg.frame
+                if msg.WhichOneof("kind") == "chunk":  # lanes: a frame counts at its last piece
+                    piece = msg.chunk
+                    if piece.offset + len(piece.data) < piece.total_bytes:
+                        continue
+                    frame = pb.Frame(stream_id=piece.stream_id, seq=piece.seq)
                 self.frames.append((frame.stream_id, frame.seq))
                 self.changed.set()
                 if self.ignore_frames:
