@@ -22,12 +22,11 @@ from benchmarks.container_rig import ContainerRig
 from bridge.resources.kubeapi import ENV_API, ENV_POD_NAME, ENV_POD_NAMESPACE
 from bridge.resources.quantity import to_bytes, to_millicores
 from loadgen.kubesim_podman import PodmanActuator
+from loadgen.podhttp import get_pod, patch_resize
 from loadgen.resize import (
     CONTAINER,
     POD_NAME,
     POD_NAMESPACE,
-    get_pod,
-    patch_resize,
     pod_json,
     resize_body,
 )

@@ -36,8 +36,6 @@ import json
 import os
 import shutil
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +44,7 @@ from typing import Any
 from bridge.resources.kubeapi import ENV_API, ENV_POD_NAME, ENV_POD_NAMESPACE
 from bridge.resources.quantity import QuantityError, to_bytes, to_millicores
 from loadgen.kubesim import CgroupDir, KubeSim
+from loadgen.podhttp import get_pod, patch_resize
 
 PERIOD_US = 100_000
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -580,28 +579,3 @@ def make_backend(name: str, cgroup_dir: Path, *, real_cpu: bool = True) -> Local
     if name == "kubectl":
         return KubectlBackend(cgroup_dir, real_cpu=real_cpu)
     raise ValueError(f"unknown backend {name!r} (have {', '.join(BACKENDS)})")
-
-
-async def patch_resize(pod_url: str, body: dict[str, Any]) -> None:
-    """PATCH the Pod's ``resize`` subresource (strategic merge) over plain HTTP."""
-    req = urllib.request.Request(
-        pod_url + "/resize",
-        data=json.dumps(body).encode(),
-        method="PATCH",
-        headers={"Content-Type": "application/strategic-merge-patch+json"},
-    )
-    try:
-        await asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=10).read())
-    except urllib.error.HTTPError as exc:
-        raise RuntimeError(f"resize rejected: {exc.code} {exc.read().decode()}") from None
-
-
-async def get_pod(pod_url: str) -> dict[str, Any]:
-    """GET one Pod as JSON over plain HTTP."""
-
-    def get() -> dict[str, Any]:
-        with urllib.request.urlopen(pod_url, timeout=10) as r:
-            pod: dict[str, Any] = json.loads(r.read())
-            return pod
-
-    return await asyncio.to_thread(get)
