@@ -144,6 +144,7 @@ if MODE != "no":
                     "cpu_wide",
                     "cpu_team",
                     "cpu_scratch",
+                    "cpu_hash",
                 )
             ],
             include_dirs=[NATIVE],

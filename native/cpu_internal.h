@@ -30,6 +30,12 @@
 #ifndef SBV_DENSE_CELLS_PER_POINT
 #define SBV_DENSE_CELLS_PER_POINT 0.75
 #endif
+/* Hash path (cpu_hash.c, one thread): taken when the estimated voxel count is at most this
+ * (sbv_hash_voxels_max changes it at run time); gives up past it. */
+#ifndef SBV_HASH_MAX_VOXELS
+#define SBV_HASH_MAX_VOXELS ((size_t)1 << 15)
+#endif
+#define SBVI_HASH_FULL (-1)
 #define SBV_DENSE_MAX_CELLS ((size_t)1 << 22)
 #define SBV_DENSE_MAX_HIST_BYTES ((size_t)64 << 20)
 
@@ -182,6 +188,9 @@ static inline size_t sbvi_slots(const sbv_cloud *in, uint32_t *slot_of) {
 SBV_INTERNAL int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t err_len);
 SBV_INTERNAL int sbvi_dense_fits(job_t *job, const double klo[3], const double khi[3], size_t nf);
 SBV_INTERNAL int sbvi_run_dense(job_t *job, size_t cap, size_t *out_points, char *err, size_t err_len);
+SBV_INTERNAL size_t sbvi_hash_estimate(job_t *job, int fused, size_t most);
+SBV_INTERNAL int sbvi_run_hash(job_t *job, int fused, size_t estimate, size_t cap, size_t *out_points,
+                               char *err, size_t err_len);
 SBV_INTERNAL int sbvi_run_wide(job_t *job, size_t nf, size_t cap, size_t *out_points, char *err,
                                size_t err_len);
 

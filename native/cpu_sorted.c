@@ -33,20 +33,31 @@ static void phase_pack(job_t *job, int t) {
     const int top_shift = job->top_shift;
     const int64_t kmin0 = job->kmin[0], kmin1 = job->kmin[1], kmin2 = job->kmin[2];
     const int by = job->by, bz = job->bz, ib = job->ib;
-    if (job->plan.xyz_packed && job->kb + ib < 64) {
+    if (job->plan.xyz_f32 && job->kb + ib < 64 && job->chunk[t + 1] - job->chunk[t] < UINT32_MAX) {
+        /* Four-byte loads (a 12-byte memcpy went through the stack and stalled), and two
+         * histograms used alternately: neighbouring points share a top digit, and a single
+         * counter would chain every increment through a store and a reload. */
+        uint32_t h2[2][1 << SBV_TOP_BITS]; /* 16 KB */
+        memset(h2, 0, sizeof h2);
         const float v = job->plan.voxel_f;
-        const unsigned char *xp = job->data + job->chunk[t] * stride + job->plan.x_off;
-        for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, xp += stride) {
-            float p[3];
-            memcpy(p, xp, 12);
-            if (!(isfinite(p[0]) && isfinite(p[1]) && isfinite(p[2]))) continue;
-            uint64_t ux = (uint64_t)(floor_i64(p[0] / v) - kmin0);
-            uint64_t uy = (uint64_t)(floor_i64(p[1] / v) - kmin1);
-            uint64_t uz = (uint64_t)(floor_i64(p[2] / v) - kmin2);
+        const uint32_t xo = job->plan.x_off, yo = job->plan.y_off, zo = job->plan.z_off;
+        const unsigned char *rec = job->data + job->chunk[t] * stride;
+        unsigned flip = 0;
+        for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, rec += stride) {
+            float x, y, z;
+            memcpy(&x, rec + xo, 4);
+            memcpy(&y, rec + yo, 4);
+            memcpy(&z, rec + zo, 4);
+            if (!(isfinite(x) && isfinite(y) && isfinite(z))) continue;
+            uint64_t ux = (uint64_t)(floor_i64(x / v) - kmin0);
+            uint64_t uy = (uint64_t)(floor_i64(y / v) - kmin1);
+            uint64_t uz = (uint64_t)(floor_i64(z / v) - kmin2);
             uint64_t item = ((((ux << by) | uy) << bz | uz) << ib) | (uint64_t)i;
             *dst++ = item;
-            hist[shr(item, top_shift)]++;
+            h2[flip][shr(item, top_shift)]++;
+            flip ^= 1;
         }
+        for (size_t b = 0; b < job->nbuckets; b++) hist[b] = (size_t)h2[0][b] + h2[1][b];
         return;
     }
     for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++) {
@@ -135,6 +146,11 @@ static void phase_reduce(job_t *job, int t) {
     /* the common lidar layout (float32 x, y, z and nothing else to average): no field loop */
     const int xyz_only = job->plan.xyz_packed && in->n_fields == 3;
     const uint32_t x_off = job->plan.x_off;
+    const sbv_plan *pl = &job->plan;
+    uint32_t col_off = UINT32_MAX; /* set when the fields are float32 x, y, z and one colour */
+    if (pl->xyz_f32 && in->n_fields == 4)
+        for (size_t f = 0; f < 4; f++)
+            if (in->fields[f].role == SBV_ROLE_COLOR) col_off = in->fields[f].offset;
     while (s < end) {
         const uint64_t key = shr(a[s], ib);
         size_t e = s + 1;
@@ -158,6 +174,29 @@ static void phase_reduce(job_t *job, int t) {
             float m[3] = {(float)(sx / c), (float)(sy / c), (float)(sz / c)};
             memset(out, 0, stride);
             memcpy(out + x_off, m, 12);
+        } else if (col_off != UINT32_MAX) {
+            /* float32 x, y, z and one packed colour (RGB-D frames): one gather per point */
+            double sx = 0.0, sy = 0.0, sz = 0.0;
+            int64_t c[4] = {0, 0, 0, 0};
+            for (size_t j = s; j < e; j++) {
+                const unsigned char *rec = data + (a[j] & mask) * stride;
+                float x, y, z;
+                memcpy(&x, rec + pl->x_off, 4);
+                memcpy(&y, rec + pl->y_off, 4);
+                memcpy(&z, rec + pl->z_off, 4);
+                sx += (double)x;
+                sy += (double)y;
+                sz += (double)z;
+                c[0] += rec[col_off];
+                c[1] += rec[col_off + 1];
+                c[2] += rec[col_off + 2];
+                c[3] += rec[col_off + 3];
+            }
+            memset(out, 0, stride);
+            sbv_store_float(out + pl->x_off, SBV_FLOAT32, sx, e - s);
+            sbv_store_float(out + pl->y_off, SBV_FLOAT32, sy, e - s);
+            sbv_store_float(out + pl->z_off, SBV_FLOAT32, sz, e - s);
+            sbv_store_color(out + col_off, c, e - s);
         } else {
             sbv_reduce_voxel(data, stride, in->fields, in->n_fields, a + s, e - s, mask, out);
         }
