@@ -12,6 +12,7 @@ ladder) go through ``downsample`` and are spliced the same way.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +51,13 @@ def _native() -> Any:
     return _native
 
 
+@functools.lru_cache(maxsize=256)
+def _kernel_table(layout: CloudLayout) -> tuple[tuple[tuple[int, int, int], ...], bool]:
+    """The kernel's field table and whether keys are float32, per layout (layouts are cached
+    per stream, so this runs once per stream, not per frame)."""
+    return field_table(layout), keys_in_float32(layout)
+
+
 def decimate_into(
     view: bytes | memoryview,
     layout: CloudLayout,
@@ -63,12 +71,11 @@ def decimate_into(
     native = _native()
     if native is None:
         raise RuntimeError("decimate_into needs the C extension bridge.decimate._native")
-    v = check_voxel_size(voxel, keys_in_float32(layout))
+    table, f32 = _kernel_table(layout)
+    v = check_voxel_size(voxel, f32)
     try:
         return int(
-            native.downsample_into(
-                view, layout.stride, field_table(layout), v, out_buffer, max(1, threads)
-            )
+            native.downsample_into(view, layout.stride, table, v, out_buffer, max(1, threads))
         )
     except OverflowError as exc:
         raise VoxelKeyOverflow(str(exc)) from None
