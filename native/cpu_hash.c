@@ -22,6 +22,8 @@
 #define EMPTY_KEY UINT64_MAX
 #define SAMPLE 2048 /* points sampled for the voxel-count estimate */
 #define MIN_TABLE 1024
+#define INITIAL_VOXELS 16384
+#define DIRECT_VOXELS 16384 /* estimate up to which the table stays in L2: no pipeline */
 #define FB 21                      /* fused mode: bits per axis */
 #define FBIAS ((int64_t)1 << (FB - 1))
 #define FMASK (((uint64_t)1 << FB) - 1)
@@ -339,7 +341,100 @@ static inline __attribute__((always_inline)) int accumulate(job_t *job, hstate *
     return SBV_OK;
 }
 
-static int run_pass(job_t *job, hstate *hs, int fast, int fm) {
+/* The same pass without the pipeline, for fused float32 clouds whose table stays in cache
+ * (few voxels): key, probe only when the key changes, add. Staging keys and voxel numbers
+ * through buffers costs more than the cache misses it hides when there are none. Points
+ * outside the fused key range may land in a voxel of garbage key before the range check
+ * (every 4096 points and at the end) makes the pass give up; nothing of it is kept then. */
+static inline __attribute__((always_inline)) int accumulate_direct(job_t *job, hstate *hs,
+                                                                    const int fm) {
+    typedef float v4f __attribute__((vector_size(16)));
+    typedef int32_t v4i __attribute__((vector_size(16)));
+    typedef uint32_t v4u __attribute__((vector_size(16)));
+    const sbv_cloud *in = job->in;
+    const size_t n = in->points, stride = job->stride;
+    const sbv_plan *pl = &job->plan;
+    const v4f vv = {pl->voxel_f, pl->voxel_f, pl->voxel_f, 1.0f};
+    const v4u bias = {FBIAS, FBIAS, FBIAS, FBIAS};
+    const uint32_t xo = pl->x_off, yo = pl->y_off, zo = pl->z_off;
+    uint32_t col_off = 0;
+    for (size_t f = 0; f < in->n_fields; f++)
+        if (in->fields[f].role < SBV_ROLE_X) col_off = in->fields[f].offset;
+    sbv_acc *const spare = hs->rows + hs->limit * hs->w;
+    sbv_acc *row = spare;
+    uint64_t cur = EMPTY_KEY;
+    double sx = 0, sy = 0, sz = 0;
+    int64_t cnt = 0, c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+    v4u out = {0, 0, 0, 0};
+    const unsigned char *rec = job->data;
+    for (size_t i = 0; i < n; i++, rec += stride) {
+        float x, y, z;
+        memcpy(&x, rec + xo, 4);
+        memcpy(&y, rec + yo, 4);
+        memcpy(&z, rec + zo, 4);
+        const v4f p = {x, y, z, 0.0f};
+        const v4i fin = (p - p) == (v4f){0, 0, 0, 0};
+        const v4f q = p / vv;
+        const v4i t = __builtin_convertvector(q, v4i);
+        const v4u u = (v4u)t + (v4u)(__builtin_convertvector(t, v4f) > q) + bias;
+        const int ok = fin[0] & fin[1] & fin[2];
+        out |= (u >> FB) & (v4u)(v4i){ok, ok, ok, 0};
+        uint64_t key = ((uint64_t)u[0] << (2 * FB)) | ((uint64_t)u[1] << FB) | (uint64_t)u[2];
+        key = ok ? key : EMPTY_KEY;
+        if (key != cur) {
+            row[0].d = sx;
+            row[1].d = sy;
+            row[2].d = sz;
+            row[3].i = cnt;
+            if (fm == F_COLOR) {
+                row[4].i += c0;
+                row[5].i += c1;
+                row[6].i += c2;
+                row[7].i += c3;
+                c0 = c1 = c2 = c3 = 0;
+            }
+            if (key == EMPTY_KEY) {
+                row = spare;
+            } else {
+                const int64_t v = voxel_id(hs, key);
+                if (v < 0) return SBVI_HASH_FULL;
+                row = hs->rows + (size_t)v * hs->w;
+            }
+            cur = key;
+            sx = row[0].d;
+            sy = row[1].d;
+            sz = row[2].d;
+            cnt = row[3].i;
+            if ((i & 4095) == 0 && (out[0] | out[1] | out[2])) return SBVI_HASH_FULL;
+        }
+        sx += (double)x;
+        sy += (double)y;
+        sz += (double)z;
+        cnt++;
+        if (fm == F_COLOR) {
+            const unsigned char *c = rec + col_off;
+            c0 += c[0];
+            c1 += c[1];
+            c2 += c[2];
+            c3 += c[3];
+        }
+    }
+    row[0].d = sx;
+    row[1].d = sy;
+    row[2].d = sz;
+    row[3].i = cnt;
+    if (fm == F_COLOR) {
+        row[4].i += c0;
+        row[5].i += c1;
+        row[6].i += c2;
+        row[7].i += c3;
+    }
+    return (out[0] | out[1] | out[2]) ? SBVI_HASH_FULL : SBV_OK;
+}
+
+static int run_pass(job_t *job, hstate *hs, int fast, int fm, int direct) {
+    if (fast && direct && fm == F_XYZ) return accumulate_direct(job, hs, F_XYZ);
+    if (fast && direct && fm == F_COLOR) return accumulate_direct(job, hs, F_COLOR);
     if (fast) {
         if (fm == F_XYZ) return accumulate(job, hs, 1, F_XYZ);
         if (fm == F_COLOR) return accumulate(job, hs, 1, F_COLOR);
@@ -480,12 +575,15 @@ int sbvi_run_hash(job_t *job, int fused, size_t estimate, size_t cap, size_t *ou
     memset(hs.rows + limit * w, 0, w * sizeof *hs.rows);
     hs.w = w;
     hs.limit = limit;
-    const size_t want = pow2_at_least(2 * (estimate < limit ? estimate : limit) + 2);
+    /* start at most L2-sized (the estimate can overshoot a lot) and grow by doubling */
+    size_t start = estimate < limit ? estimate : limit;
+    start = start < INITIAL_VOXELS ? start : INITIAL_VOXELS;
+    const size_t want = pow2_at_least(2 * start + 2);
     rehash(&hs, want < max_table ? want : max_table);
 #ifdef SBV_TIMING
     double sbv_t0 = sbv_now();
 #endif
-    int rc = run_pass(job, &hs, fused, fm);
+    int rc = run_pass(job, &hs, fused, fm, estimate <= DIRECT_VOXELS);
     SBV_TICK("hash");
     const size_t nf = in->points - (size_t)hs.rows[limit * w + 3].i; /* spare row: dropped */
     if (rc == SBV_OK && nf > cap) {

@@ -79,7 +79,8 @@ def test_small_clouds_every_limit(
 @st.composite
 def frames(draw: st.DrawFn) -> tuple[str, bytes, float]:
     """Bigger than the estimate's 2048-point sample: an organized-like sweep (runs of points
-    sharing a voxel, NaN holes) or scattered points, a few hundred to a few thousand voxels."""
+    sharing a voxel, NaN holes) or scattered points, a few hundred to a few thousand voxels,
+    sometimes one far point anywhere in the cloud."""
     name = draw(st.sampled_from(["xyzrgb", "xyz32", "rich32", "rich64"]))
     n = draw(st.integers(2_100, 12_000))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -89,6 +90,8 @@ def frames(draw: st.DrawFn) -> tuple[str, bytes, float]:
     else:
         xyz = rng.normal(0, draw(st.floats(0.5, 20)), (n, 3))
     xyz[rng.random(n) < draw(st.floats(0, 0.3))] = np.nan
+    if draw(st.booleans()):  # one point whose key leaves +-2^20: the fused pass gives up
+        xyz[draw(st.integers(0, n - 1))] = [0.5, -4e6, 1.0]
     dtype = np.float64 if name == "rich64" else np.float32
     return name, pack(ALL[name], xyz.astype(dtype), rng), draw(st.sampled_from([0.05, 0.2, 1.0]))
 
