@@ -68,6 +68,7 @@ struct job {
     /* key packing */
     int64_t kmin[3];
     int by, bz, ib, kb, top_bits, top_shift;
+    int keys_i32; /* sorted path: float32 keys that fit int32 (vector key computation) */
     uint64_t idx_mask;
     size_t nbuckets;
     size_t *hist;       /* nt * nbuckets, then offsets */

@@ -38,24 +38,53 @@ static void phase_pack(job_t *job, int t) {
          * histograms used alternately: neighbouring points share a top digit, and a single
          * counter would chain every increment through a store and a reload. */
         uint32_t h2[2][1 << SBV_TOP_BITS]; /* 16 KB */
-        memset(h2, 0, sizeof h2);
+        memset(h2[0], 0, job->nbuckets * sizeof h2[0][0]);
+        memset(h2[1], 0, job->nbuckets * sizeof h2[1][0]);
+        uint32_t *h2a = h2[0], *h2b = h2[1];
         const float v = job->plan.voxel_f;
         const uint32_t xo = job->plan.x_off, yo = job->plan.y_off, zo = job->plan.z_off;
         const unsigned char *rec = job->data + job->chunk[t] * stride;
-        unsigned flip = 0;
-        for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, rec += stride) {
-            float x, y, z;
-            memcpy(&x, rec + xo, 4);
-            memcpy(&y, rec + yo, 4);
-            memcpy(&z, rec + zo, 4);
-            if (!(isfinite(x) && isfinite(y) && isfinite(z))) continue;
-            uint64_t ux = (uint64_t)(floor_i64(x / v) - kmin0);
-            uint64_t uy = (uint64_t)(floor_i64(y / v) - kmin1);
-            uint64_t uz = (uint64_t)(floor_i64(z / v) - kmin2);
-            uint64_t item = ((((ux << by) | uy) << bz | uz) << ib) | (uint64_t)i;
-            *dst++ = item;
-            h2[flip][shr(item, top_shift)]++;
-            flip ^= 1;
+        if (job->keys_i32) {
+            /* one SSE division for the three axes (divss is the slowest step of a scalar key) */
+            typedef float v4f __attribute__((vector_size(16)));
+            typedef uint32_t v4u __attribute__((vector_size(16)));
+            typedef int32_t v4i __attribute__((vector_size(16)));
+            const v4f vv = {v, v, v, 1.0f};
+            const v4u km = {(uint32_t)kmin0, (uint32_t)kmin1, (uint32_t)kmin2, 0};
+            for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, rec += stride) {
+                float x, y, z;
+                memcpy(&x, rec + xo, 4);
+                memcpy(&y, rec + yo, 4);
+                memcpy(&z, rec + zo, 4);
+                if (!(isfinite(x) && isfinite(y) && isfinite(z))) continue;
+                const v4f q = (v4f){x, y, z, 0.0f} / vv;
+                const v4i tr = __builtin_convertvector(q, v4i);
+                const v4u u = (v4u)tr + (v4u)(__builtin_convertvector(tr, v4f) > q) - km;
+                const uint64_t item =
+                    ((((uint64_t)u[0] << by | u[1]) << bz | u[2]) << ib) | (uint64_t)i;
+                *dst++ = item;
+                h2a[shr(item, top_shift)]++;
+                uint32_t *sw = h2a;
+                h2a = h2b;
+                h2b = sw;
+            }
+        } else {
+            for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, rec += stride) {
+                float x, y, z;
+                memcpy(&x, rec + xo, 4);
+                memcpy(&y, rec + yo, 4);
+                memcpy(&z, rec + zo, 4);
+                if (!(isfinite(x) && isfinite(y) && isfinite(z))) continue;
+                uint64_t ux = (uint64_t)(floor_i64(x / v) - kmin0);
+                uint64_t uy = (uint64_t)(floor_i64(y / v) - kmin1);
+                uint64_t uz = (uint64_t)(floor_i64(z / v) - kmin2);
+                uint64_t item = ((((ux << by) | uy) << bz | uz) << ib) | (uint64_t)i;
+                *dst++ = item;
+                h2a[shr(item, top_shift)]++;
+                uint32_t *sw = h2a;
+                h2a = h2b;
+                h2b = sw;
+            }
         }
         for (size_t b = 0; b < job->nbuckets; b++) hist[b] = (size_t)h2[0][b] + h2[1][b];
         return;
@@ -212,6 +241,12 @@ int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t
     double sbv_t0 = sbv_now();
 #endif
     job->top_bits = job->kb < SBV_TOP_BITS ? job->kb : SBV_TOP_BITS;
+    job->keys_i32 = job->plan.xyz_f32;
+    for (int a = 0; a < 3; a++) { /* every key and its truncation fit int32: vector keys */
+        const int bits = a == 0 ? job->kb - job->by - job->bz : a == 1 ? job->by : job->bz;
+        job->keys_i32 = job->keys_i32 && bits < 30 && job->kmin[a] >= -((int64_t)1 << 30) &&
+                        job->kmin[a] + ((int64_t)1 << bits) <= ((int64_t)1 << 30);
+    }
     job->top_shift = job->ib + job->kb - job->top_bits;
     job->nbuckets = (size_t)1 << job->top_bits;
     size_t hist_words = (size_t)nt * job->nbuckets + job->nbuckets + 1;
