@@ -123,20 +123,35 @@ static void radix_bucket(uint64_t *a, uint64_t *b, size_t n, int lo_bit, int bit
         }
         return;
     }
+    /* Digits of at most 9 bits, as even as possible (17 key bits: 9 + 8, two passes rather
+     * than 8 + 8 + 1), and every digit's histogram from one read. */
+    enum { MAXD = 8, MAXW = 9 };
+    const int passes = (bits + MAXW - 1) / MAXW;
+    int width[MAXD], shift[MAXD];
+    for (int p = 0, at = lo_bit, left = bits; p < passes; p++) {
+        width[p] = (left + (passes - p) - 1) / (passes - p);
+        shift[p] = at;
+        at += width[p];
+        left -= width[p];
+    }
+    size_t count[MAXD][1 << MAXW];
+    for (int p = 0; p < passes; p++) memset(count[p], 0, ((size_t)1 << width[p]) * sizeof count[p][0]);
+    for (size_t i = 0; i < n; i++)
+        for (int p = 0; p < passes; p++)
+            count[p][(a[i] >> shift[p]) & (((uint64_t)1 << width[p]) - 1)]++;
     uint64_t *src = a, *dst = b;
-    for (int shift = lo_bit; shift < lo_bit + bits; shift += 8) {
-        int width = lo_bit + bits - shift < 8 ? lo_bit + bits - shift : 8;
-        uint64_t mask = ((uint64_t)1 << width) - 1;
-        size_t count[256] = {0};
-        for (size_t i = 0; i < n; i++) count[(src[i] >> shift) & mask]++;
-        if (count[(src[0] >> shift) & mask] == n) continue; /* one digit value: nothing to do */
+    for (int p = 0; p < passes; p++) {
+        const uint64_t mask = ((uint64_t)1 << width[p]) - 1;
+        const int sh = shift[p];
+        size_t *c = count[p];
+        if (c[(src[0] >> sh) & mask] == n) continue; /* one digit value: nothing to do */
         size_t sum = 0;
         for (size_t d = 0; d <= mask; d++) {
-            size_t c = count[d];
-            count[d] = sum;
-            sum += c;
+            const size_t k = c[d];
+            c[d] = sum;
+            sum += k;
         }
-        for (size_t i = 0; i < n; i++) dst[count[(src[i] >> shift) & mask]++] = src[i];
+        for (size_t i = 0; i < n; i++) dst[c[(src[i] >> sh) & mask]++] = src[i];
         uint64_t *swap = src;
         src = dst;
         dst = swap;
@@ -193,11 +208,14 @@ static void phase_reduce(job_t *job, int t) {
         if (xyz_only) {
             double sx = 0.0, sy = 0.0, sz = 0.0;
             for (size_t j = s; j < e; j++) {
-                float p[3];
-                memcpy(p, data + (a[j] & mask) * stride + x_off, 12);
-                sx += (double)p[0];
-                sy += (double)p[1];
-                sz += (double)p[2];
+                const unsigned char *rec = data + (a[j] & mask) * stride + x_off;
+                float x, y, z; /* 4-byte loads: a 12-byte memcpy stalls through the stack */
+                memcpy(&x, rec, 4);
+                memcpy(&y, rec + 4, 4);
+                memcpy(&z, rec + 8, 4);
+                sx += (double)x;
+                sy += (double)y;
+                sz += (double)z;
             }
             const double c = (double)(e - s);
             float m[3] = {(float)(sx / c), (float)(sy / c), (float)(sz / c)};
