@@ -20,7 +20,8 @@
 #include "cpu_internal.h"
 
 #define EMPTY_KEY UINT64_MAX
-#define SAMPLE 2048 /* points sampled for the voxel-count estimate */
+#define SAMPLE 2048     /* points sampled for the voxel-count estimate, at least... */
+#define SAMPLE_MAX 16384 /* ...and at most; n / 64 in between */
 #define MIN_TABLE 1024
 #define INITIAL_VOXELS 16384
 #define DIRECT_VOXELS 16384 /* estimate up to which the table stays in L2: no pipeline */
@@ -52,6 +53,22 @@ static inline size_t pow2_at_least(size_t x) {
  * fields; EMPTY_KEY if not finite, FUSED_OUT if a fused key is out of range. */
 #define FUSED_OUT (UINT64_MAX - 1)
 static inline uint64_t sample_key(const job_t *job, size_t i, int fused) {
+    if (fused) { /* float32 x, y, z: keys as floorf(p / v), like the pass */
+        const unsigned char *rec = job->data + i * job->stride;
+        const sbv_plan *pl = &job->plan;
+        float c[3];
+        memcpy(&c[0], rec + pl->x_off, 4);
+        memcpy(&c[1], rec + pl->y_off, 4);
+        memcpy(&c[2], rec + pl->z_off, 4);
+        if (!(isfinite(c[0]) && isfinite(c[1]) && isfinite(c[2]))) return EMPTY_KEY;
+        uint64_t key = 0;
+        for (int a = 0; a < 3; a++) {
+            const float k = floorf(c[a] / pl->voxel_f);
+            if (!(k >= (float)-FBIAS && k < (float)FBIAS)) return FUSED_OUT;
+            key = key << FB | (uint64_t)((int64_t)k + FBIAS);
+        }
+        return key;
+    }
     double p[3];
     if (!load_xyz(job, job->data + i * job->stride, &p[0], &p[1], &p[2])) return EMPTY_KEY;
     uint64_t u[3];
@@ -68,40 +85,62 @@ static inline uint64_t sample_key(const job_t *job, size_t i, int fused) {
     return (shl(u[0], job->by) | u[1]) << job->bz | u[2];
 }
 
-/* Voxels in the cloud, estimated from a strided sample: distinct keys d, keys seen once f1
- * and twice f2, then Chao1 (d + f1^2 / 2 f2), capped at `most`. Cheap (SAMPLE key
- * computations) and good enough to pick a path and size the table. SIZE_MAX when a fused
- * key is out of range. */
+/* Voxels in the cloud, estimated from a pseudo-random sample: distinct keys d, keys seen
+ * once f1 and twice f2, then Chao1 (d + f1^2 / 2 f2), capped at `most`; `most` also when the
+ * sample is mostly singletons (the hash path is not worth it). Cheap (n / 64 key
+ * computations, 2048..16384) and a lower bound in practice (lidar: 6-20x low for a few
+ * dense voxels near the sensor and many sparse ones), so the caller keeps a margin and
+ * the pass gives up early when its own count runs away. SIZE_MAX when a fused key is out
+ * of range. */
 size_t sbvi_hash_estimate(job_t *job, int fused, size_t most) {
     const size_t n = job->in->points;
-    const size_t step = n > SAMPLE ? n / SAMPLE : 1;
-    enum { CAP = 4 * SAMPLE };
-    static _Thread_local uint64_t keys[CAP]; /* 80 KB: too much for a worker's stack */
+    const int all = n <= 2 * SAMPLE; /* small clouds: every point, an exact count */
+    /* The sample grows with the cloud: a sample of fixed size sees a 1M-point sweep and a
+     * 100k-point one of the same scene alike, though the big one has many more sparse voxels. */
+    size_t samples = n / 64 < SAMPLE ? SAMPLE : n / 64 > SAMPLE_MAX ? SAMPLE_MAX : n / 64;
+    if (all) samples = n;
+    enum { CAP = 2 * SAMPLE_MAX };
+    static _Thread_local uint64_t keys[CAP]; /* 320 KB with hits: too much for a stack */
     static _Thread_local uint16_t hits[CAP];
-    memset(keys, 0xff, sizeof keys);
-    memset(hits, 0, sizeof hits);
+    size_t cap = 4 * SAMPLE;
+    while (cap < 2 * samples) cap <<= 1;
+    const int cshift = 64 - bit_width(cap - 1);
+    memset(keys, 0xff, cap * sizeof keys[0]);
+    memset(hits, 0, cap * sizeof hits[0]);
     size_t seen = 0, d = 0;
-    for (size_t i = 0; i < n; i += step) {
+    for (size_t s = 0; s < samples; s++) {
+        /* pseudo-random positions (a stride would alias with scan lines and lidar beams),
+         * each a cache miss: prefetch a few samples ahead so the misses overlap */
+        const size_t i = all ? s : (size_t)(((mix(s + 1) >> 32) * (uint64_t)n) >> 32);
+        if (!all)
+            __builtin_prefetch(job->data +
+                               (size_t)(((mix(s + 17) >> 32) * (uint64_t)n) >> 32) * job->stride);
         const uint64_t k = sample_key(job, i, fused);
         if (k == EMPTY_KEY) continue;
         if (k == FUSED_OUT) return SIZE_MAX;
         seen++;
-        size_t h = (size_t)(mix(k) >> 51) & (CAP - 1);
-        while (keys[h] != k && keys[h] != EMPTY_KEY) h = (h + 1) & (CAP - 1);
+        size_t h = (size_t)(mix(k) >> cshift);
+        while (keys[h] != k && keys[h] != EMPTY_KEY) h = (h + 1) & (cap - 1);
         if (keys[h] == EMPTY_KEY) {
             keys[h] = k;
             d++;
         }
         hits[h]++;
     }
-    if (step == 1) return d; /* the sample was the whole cloud */
+    if (all) return d;
     if (seen == 0) return most;
     double f1 = 0, f2 = 0;
-    for (size_t h = 0; h < CAP; h++) {
+    for (size_t h = 0; h < cap; h++) {
         f1 += hits[h] == 1;
         f2 += hits[h] == 2;
     }
+    /* Mostly singletons: few points per voxel, so nearly every point would probe the table
+     * (and the table is large): the radix path streams better there. */
+    if (f1 > 0.75 * (double)seen) return most;
     double est = (double)d + f1 * (f1 - 1) / (2 * (f2 + 1));
+#ifdef SBV_TIMING
+    fprintf(stderr, "seen %zu d %zu f1 %g f2 %g ", seen, d, f1, f2);
+#endif
     return est >= (double)most ? most : (size_t)est;
 }
 
@@ -143,6 +182,16 @@ static inline int64_t voxel_id(hstate *hs, uint64_t key) {
     memset(hs->rows + v * hs->w, 0, hs->w * sizeof *hs->rows);
     if (2 * hs->m > hs->mask + 1) rehash(hs, 2 * (hs->mask + 1));
     return (int64_t)v;
+}
+
+/* Give up early when the voxels found so far, projected over the whole cloud, exceed the
+ * limit (checked every 128 new voxels, after the first 1/16 of the points): the sampled
+ * estimate can be far too low (lidar: a few dense voxels near the sensor, many sparse far
+ * ones), and a late give-up would waste most of a pass. New voxels keep appearing at a
+ * steady rate along scan lines and beams, so the projection is a fair guide. */
+static inline int projected_over(const hstate *hs, size_t done, size_t n) {
+    return (hs->m & 127) == 0 && done >= n / 16 &&
+           (double)hs->m * (double)n > (double)hs->limit * (double)done;
 }
 
 enum { F_XYZ = 0, F_COLOR = 1, F_ANY = 2 };
@@ -203,8 +252,9 @@ static inline __attribute__((always_inline)) int stage_keys(const job_t *job, co
 
 /* Stage 2: voxel number of each key (new voxels numbered in input order), prefetching the
  * voxel's row. Returns SBVI_HASH_FULL when the voxel limit is hit. */
-static inline __attribute__((always_inline)) int stage_voxels(hstate *hs, size_t count,
-                                                              const uint64_t *keys, uint32_t *vids) {
+static inline __attribute__((always_inline)) int stage_voxels(hstate *hs, size_t lo, size_t count,
+                                                              size_t n, const uint64_t *keys,
+                                                              uint32_t *vids) {
     uint64_t prev = EMPTY_KEY;
     uint32_t vid = (uint32_t)hs->limit; /* EMPTY_KEY: the spare row */
     for (size_t j = 0; j < count; j++) {
@@ -214,8 +264,10 @@ static inline __attribute__((always_inline)) int stage_voxels(hstate *hs, size_t
             if (key == EMPTY_KEY) {
                 vid = (uint32_t)hs->limit; /* the spare row: summed, never written out */
             } else {
+                const size_t before = hs->m;
                 const int64_t v = voxel_id(hs, key);
-                if (v < 0) return SBVI_HASH_FULL;
+                if (v < 0 || (hs->m != before && projected_over(hs, lo + j + 1, n)))
+                    return SBVI_HASH_FULL;
                 vid = (uint32_t)v;
                 __builtin_prefetch(hs->rows + (size_t)vid * hs->w);
             }
@@ -259,7 +311,7 @@ static inline __attribute__((always_inline)) int accumulate(job_t *job, hstate *
         }
         if (b + 1 >= 0 && b + 1 < nb) {
             const size_t lo = (size_t)(b + 1) * BLK, hi = lo + BLK < n ? lo + BLK : n;
-            if (stage_voxels(hs, hi - lo, keys[(b + 1) % 3], vids[(b + 1) & 1]) != SBV_OK)
+            if (stage_voxels(hs, lo, hi - lo, n, keys[(b + 1) % 3], vids[(b + 1) & 1]) != SBV_OK)
                 return SBVI_HASH_FULL;
         }
         if (b < 0) continue;
@@ -396,8 +448,9 @@ static inline __attribute__((always_inline)) int accumulate_direct(job_t *job, h
             if (key == EMPTY_KEY) {
                 row = spare;
             } else {
+                const size_t before = hs->m;
                 const int64_t v = voxel_id(hs, key);
-                if (v < 0) return SBVI_HASH_FULL;
+                if (v < 0 || (hs->m != before && projected_over(hs, i + 1, n))) return SBVI_HASH_FULL;
                 row = hs->rows + (size_t)v * hs->w;
             }
             cur = key;

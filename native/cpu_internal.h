@@ -30,10 +30,10 @@
 #ifndef SBV_DENSE_CELLS_PER_POINT
 #define SBV_DENSE_CELLS_PER_POINT 0.75
 #endif
-/* Hash path (cpu_hash.c, one thread): taken when the estimated voxel count is at most this
- * (sbv_hash_voxels_max changes it at run time); gives up past it. */
+/* Hash path (cpu_hash.c, one thread): taken when the estimated voxel count is at most half
+ * this (sbv_hash_voxels_max changes it at run time); gives up past it. */
 #ifndef SBV_HASH_MAX_VOXELS
-#define SBV_HASH_MAX_VOXELS ((size_t)1 << 15)
+#define SBV_HASH_MAX_VOXELS ((size_t)1 << 17)
 #endif
 #define SBVI_HASH_FULL (-1)
 #define SBV_DENSE_MAX_CELLS ((size_t)1 << 22)
