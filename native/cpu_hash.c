@@ -126,6 +126,8 @@ size_t sbvi_hash_estimate(job_t *job, int fused, size_t most) {
             d++;
         }
         hits[h]++;
+        if (s + 1 == SAMPLE && samples > SAMPLE && 100 * d > 97 * seen)
+            return most; /* already plain: nearly every sampled point in a voxel of its own */
     }
     if (all) return d;
     if (seen == 0) return most;
