@@ -24,7 +24,6 @@
 #define SAMPLE_MAX 16384 /* ...and at most; n / 64 in between */
 #define MIN_TABLE 1024
 #define INITIAL_VOXELS 16384
-#define DIRECT_VOXELS 16384 /* estimate up to which the table stays in L2: no pipeline */
 #define FB 21                      /* fused mode: bits per axis */
 #define FBIAS ((int64_t)1 << (FB - 1))
 #define FMASK (((uint64_t)1 << FB) - 1)
@@ -638,7 +637,7 @@ int sbvi_run_hash(job_t *job, int fused, size_t estimate, size_t cap, size_t *ou
 #ifdef SBV_TIMING
     double sbv_t0 = sbv_now();
 #endif
-    int rc = run_pass(job, &hs, fused, fm, estimate <= DIRECT_VOXELS);
+    int rc = run_pass(job, &hs, fused, fm, estimate <= SBV_HASH_DIRECT_VOXELS);
     SBV_TICK("hash");
     const size_t nf = in->points - (size_t)hs.rows[limit * w + 3].i; /* spare row: dropped */
     if (rc == SBV_OK && nf > cap) {

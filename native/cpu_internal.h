@@ -36,6 +36,8 @@
 #define SBV_HASH_MAX_VOXELS ((size_t)1 << 17)
 #endif
 #define SBVI_HASH_FULL (-1)
+/* Estimate up to which the hash table stays in L2: no pipeline (and worth one thread of two). */
+#define SBV_HASH_DIRECT_VOXELS 16384
 #define SBV_DENSE_MAX_CELLS ((size_t)1 << 22)
 #define SBV_DENSE_MAX_HIST_BYTES ((size_t)64 << 20)
 
