@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -99,6 +100,58 @@ def pcl_timed(
     return run
 
 
+def _service_item(layout: CloudLayout, data: bytes, voxel: float) -> Any:
+    """A work item as a worker gets it: the Frame parsed from its serialized bytes."""
+    from bridge.v1 import bridge_pb2 as pb
+
+    frame = pb.Frame(stream_id="bench", seq=1, capture_time_ns=1)
+    pc = frame.point_cloud
+    pc.point_stride = layout.stride
+    pc.data = data
+    for f in layout.fields:
+        pc.fields.add(name=f.name, offset=f.offset, type=int(f.type))
+    frame = pb.Frame.FromString(frame.SerializeToString())
+    config = SimpleNamespace(voxel_size=voxel, max_points=0, passthrough=False)
+    stream = SimpleNamespace(stream_id="bench", device_id="bench", config=config, key=("b", "b"))
+    return SimpleNamespace(
+        stream=stream,
+        entry=SimpleNamespace(ingest_ns=1),
+        frame=frame,
+        layout=layout,
+        points=len(data) // layout.stride,
+    )
+
+
+def service_vs_bare(layout: CloudLayout, data: bytes, voxel: float, repeats: int) -> float:
+    """In-service time over bare-kernel time for one frame, one kernel thread, the two calls
+    alternating so that load from other processes hits both alike (the separate rows are
+    timed minutes apart on a shared machine): median over median of ``repeats`` pairs."""
+    from bridge.decimate import _native, get_decimator
+    from bridge.decimate.native_table import field_table
+    from bridge.processing import process_frame
+
+    item = _service_item(layout, data, voxel)
+    decimator = get_decimator("c", threads=1)
+    table, out = field_table(layout), bytearray(len(data))
+
+    def bare() -> None:
+        _native.downsample_into(data, layout.stride, table, voxel, out, 1)
+
+    def service() -> None:
+        process_frame(item, decimator, threads=1)
+
+    bare()  # warm-up: scratch, per-thread buffers
+    service()
+    times: dict[str, list[float]] = {"bare": [], "service": []}
+    now = CLOCK["now"]
+    for _ in range(max(5, repeats)):
+        for name, call in (("bare", bare), ("service", service)):
+            t0 = now()
+            call()
+            times[name].append(now() - t0)
+    return statistics.median(times["service"]) / statistics.median(times["bare"])
+
+
 def service_timed(
     layout: CloudLayout, data: bytes, voxel: float, threads: int, repeats: int
 ) -> Timed:
@@ -108,22 +161,7 @@ def service_timed(
     from bridge.processing import process_frame
     from bridge.v1 import bridge_pb2 as pb
 
-    frame = pb.Frame(stream_id="bench", seq=1, capture_time_ns=1)
-    pc = frame.point_cloud
-    pc.point_stride = layout.stride
-    pc.data = data
-    for f in layout.fields:
-        pc.fields.add(name=f.name, offset=f.offset, type=int(f.type))
-    frame = pb.Frame.FromString(frame.SerializeToString())  # as a worker gets it: parsed
-    config = SimpleNamespace(voxel_size=voxel, max_points=0, passthrough=False)
-    stream = SimpleNamespace(stream_id="bench", device_id="bench", config=config, key=("b", "b"))
-    item: Any = SimpleNamespace(
-        stream=stream,
-        entry=SimpleNamespace(ingest_ns=1),
-        frame=frame,
-        layout=layout,
-        points=len(data) // layout.stride,
-    )
+    item = _service_item(layout, data, voxel)
     decimator = get_decimator("c", threads=threads)
 
     def run() -> tuple[float, int]:
