@@ -15,18 +15,17 @@
  * (SBVI_HASH_FULL) and the caller takes the bounds + radix path.
  *
  * Sums are taken point by point in input order (float64; integers exactly), the same
- * order as every other path, so the output bytes do not change.
+ * order as every other path, so the output bytes do not change. The estimate that picks
+ * this path is in cpu_estimate.c.
  */
 #include "cpu_internal.h"
 
-#define EMPTY_KEY UINT64_MAX
-#define SAMPLE 2048     /* points sampled for the voxel-count estimate, at least... */
-#define SAMPLE_MAX 16384 /* ...and at most; n / 64 in between */
+#define EMPTY_KEY SBVI_EMPTY_KEY
+#define FB SBVI_FB
+#define FBIAS SBVI_FBIAS
+#define FMASK (((uint64_t)1 << FB) - 1)
 #define MIN_TABLE 1024
 #define INITIAL_VOXELS 16384
-#define FB 21                      /* fused mode: bits per axis */
-#define FBIAS ((int64_t)1 << (FB - 1))
-#define FMASK (((uint64_t)1 << FB) - 1)
 
 typedef struct {
     uint64_t key;
@@ -40,109 +39,10 @@ size_t sbv_hash_voxels_max(size_t voxels) {
     return atomic_exchange(&hash_limit, voxels);
 }
 
-static inline uint64_t mix(uint64_t key) { return key * 0x9E3779B97F4A7C15ull; }
-
 static inline size_t pow2_at_least(size_t x) {
     size_t p = MIN_TABLE;
     while (p < x) p <<= 1;
     return p;
-}
-
-/* Packed key of point i: offsets from kmin (by/bz bits for y/z) or, fused, biased 21-bit
- * fields; EMPTY_KEY if not finite, FUSED_OUT if a fused key is out of range. */
-#define FUSED_OUT (UINT64_MAX - 1)
-static inline uint64_t sample_key(const job_t *job, size_t i, int fused) {
-    if (fused) { /* float32 x, y, z: keys as floorf(p / v), like the pass */
-        const unsigned char *rec = job->data + i * job->stride;
-        const sbv_plan *pl = &job->plan;
-        float c[3];
-        memcpy(&c[0], rec + pl->x_off, 4);
-        memcpy(&c[1], rec + pl->y_off, 4);
-        memcpy(&c[2], rec + pl->z_off, 4);
-        if (!(isfinite(c[0]) && isfinite(c[1]) && isfinite(c[2]))) return EMPTY_KEY;
-        uint64_t key = 0;
-        for (int a = 0; a < 3; a++) {
-            const float k = floorf(c[a] / pl->voxel_f);
-            if (!(k >= (float)-FBIAS && k < (float)FBIAS)) return FUSED_OUT;
-            key = key << FB | (uint64_t)((int64_t)k + FBIAS);
-        }
-        return key;
-    }
-    double p[3];
-    if (!load_xyz(job, job->data + i * job->stride, &p[0], &p[1], &p[2])) return EMPTY_KEY;
-    uint64_t u[3];
-    for (int a = 0; a < 3; a++) {
-        const double k = key_of(job, p[a]);
-        if (fused) {
-            if (!(k >= (double)-FBIAS && k < (double)FBIAS)) return FUSED_OUT;
-            u[a] = (uint64_t)((int64_t)k + FBIAS);
-        } else {
-            u[a] = (uint64_t)(int64_t)k - (uint64_t)job->kmin[a];
-        }
-    }
-    if (fused) return u[0] << (2 * FB) | u[1] << FB | u[2];
-    return (shl(u[0], job->by) | u[1]) << job->bz | u[2];
-}
-
-/* Voxels in the cloud, estimated from a pseudo-random sample: distinct keys d, keys seen
- * once f1 and twice f2, then Chao1 (d + f1^2 / 2 f2), capped at `most`; `most` also when the
- * sample is mostly singletons (the hash path is not worth it). Cheap (n / 64 key
- * computations, 2048..16384) and a lower bound in practice (lidar: 6-20x low for a few
- * dense voxels near the sensor and many sparse ones), so the caller keeps a margin and
- * the pass gives up early when its own count runs away. SIZE_MAX when a fused key is out
- * of range. */
-size_t sbvi_hash_estimate(job_t *job, int fused, size_t most) {
-    const size_t n = job->in->points;
-    const int all = n <= 2 * SAMPLE; /* small clouds: every point, an exact count */
-    /* The sample grows with the cloud: a sample of fixed size sees a 1M-point sweep and a
-     * 100k-point one of the same scene alike, though the big one has many more sparse voxels. */
-    size_t samples = n / 64 < SAMPLE ? SAMPLE : n / 64 > SAMPLE_MAX ? SAMPLE_MAX : n / 64;
-    if (all) samples = n;
-    enum { CAP = 2 * SAMPLE_MAX };
-    static _Thread_local uint64_t keys[CAP]; /* 320 KB with hits: too much for a stack */
-    static _Thread_local uint16_t hits[CAP];
-    size_t cap = 4 * SAMPLE;
-    while (cap < 2 * samples) cap <<= 1;
-    const int cshift = 64 - bit_width(cap - 1);
-    memset(keys, 0xff, cap * sizeof keys[0]);
-    memset(hits, 0, cap * sizeof hits[0]);
-    size_t seen = 0, d = 0;
-    for (size_t s = 0; s < samples; s++) {
-        /* pseudo-random positions (a stride would alias with scan lines and lidar beams),
-         * each a cache miss: prefetch a few samples ahead so the misses overlap */
-        const size_t i = all ? s : (size_t)(((mix(s + 1) >> 32) * (uint64_t)n) >> 32);
-        if (!all)
-            __builtin_prefetch(job->data +
-                               (size_t)(((mix(s + 17) >> 32) * (uint64_t)n) >> 32) * job->stride);
-        const uint64_t k = sample_key(job, i, fused);
-        if (k == EMPTY_KEY) continue;
-        if (k == FUSED_OUT) return SIZE_MAX;
-        seen++;
-        size_t h = (size_t)(mix(k) >> cshift);
-        while (keys[h] != k && keys[h] != EMPTY_KEY) h = (h + 1) & (cap - 1);
-        if (keys[h] == EMPTY_KEY) {
-            keys[h] = k;
-            d++;
-        }
-        hits[h]++;
-        if (s + 1 == SAMPLE && samples > SAMPLE && 100 * d > 97 * seen)
-            return most; /* already plain: nearly every sampled point in a voxel of its own */
-    }
-    if (all) return d;
-    if (seen == 0) return most;
-    double f1 = 0, f2 = 0;
-    for (size_t h = 0; h < cap; h++) {
-        f1 += hits[h] == 1;
-        f2 += hits[h] == 2;
-    }
-    /* Mostly singletons: few points per voxel, so nearly every point would probe the table
-     * (and the table is large): the radix path streams better there. */
-    if (f1 > 0.75 * (double)seen) return most;
-    double est = (double)d + f1 * (f1 - 1) / (2 * (f2 + 1));
-#ifdef SBV_TIMING
-    fprintf(stderr, "seen %zu d %zu f1 %g f2 %g ", seen, d, f1, f2);
-#endif
-    return est >= (double)most ? most : (size_t)est;
 }
 
 typedef struct {
@@ -160,7 +60,7 @@ static void rehash(hstate *hs, size_t cap) {
     hs->shift = 64 - bit_width(cap - 1);
     memset(hs->table, 0xff, cap * sizeof *hs->table);
     for (size_t v = 0; v < hs->m; v++) {
-        size_t h = (size_t)(mix(hs->vkey[v]) >> hs->shift);
+        size_t h = (size_t)(sbvi_mix(hs->vkey[v]) >> hs->shift);
         while (hs->table[h].key != EMPTY_KEY) h = (h + 1) & hs->mask;
         hs->table[h] = (slot_t){hs->vkey[v], v};
     }
@@ -169,7 +69,7 @@ static void rehash(hstate *hs, size_t cap) {
 /* Number of the voxel with packed key `key`, its row created zeroed if new; -1 when the
  * voxel limit is hit. */
 static inline int64_t voxel_id(hstate *hs, uint64_t key) {
-    size_t h = (size_t)(mix(key) >> hs->shift);
+    size_t h = (size_t)(sbvi_mix(key) >> hs->shift);
     for (;;) {
         const slot_t *s = &hs->table[h];
         if (s->key == key) return (int64_t)s->vid;
@@ -245,7 +145,7 @@ static inline __attribute__((always_inline)) int stage_keys(const job_t *job, co
         }
         keys[i - lo] = key;
         if (key != prev && key != EMPTY_KEY)
-            __builtin_prefetch(&hs->table[(size_t)(mix(key) >> hs->shift)]);
+            __builtin_prefetch(&hs->table[(size_t)(sbvi_mix(key) >> hs->shift)]);
         prev = key;
     }
     return (out[0] | out[1] | out[2]) ? SBVI_HASH_FULL : SBV_OK;

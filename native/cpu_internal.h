@@ -4,7 +4,8 @@
  *
  * Files: voxel_cpu.c (entry point, bounds, path choice), cpu_sorted.c (the radix-sort
  * path), cpu_dense.c (coarse grids: counting, no sort), cpu_wide.c (keys wider than 64
- * bits), cpu_scratch.c (cached scratch memory).
+ * bits), cpu_hash.c (one thread, few voxels: hash-accumulate), cpu_estimate.c (voxel count
+ * from a sample), cpu_scratch.c (cached scratch memory), cpu_team.c (helper threads).
  */
 #ifndef SBV_CPU_INTERNAL_H
 #define SBV_CPU_INTERNAL_H
@@ -36,6 +37,10 @@
 #define SBV_HASH_MAX_VOXELS ((size_t)1 << 17)
 #endif
 #define SBVI_HASH_FULL (-1)
+#define SBVI_EMPTY_KEY UINT64_MAX              /* no voxel: an empty slot, a dropped point */
+#define SBVI_FB 21                             /* fused keys: bits per axis... */
+#define SBVI_FBIAS ((int64_t)1 << (SBVI_FB - 1)) /* ...biased by 2^20 */
+static inline uint64_t sbvi_mix(uint64_t key) { return key * 0x9E3779B97F4A7C15ull; }
 /* Estimate up to which the hash table stays in L2: no pipeline (and worth one thread of two). */
 #define SBV_HASH_DIRECT_VOXELS 16384
 #define SBV_DENSE_MAX_CELLS ((size_t)1 << 22)

@@ -6,7 +6,8 @@
  * happens once, here. The key spans then pick one of three ways to finish:
  *
  *   cpu_dense.c   coarse grids (<= ~0.75 cells per point): count cells, no sort;
- *   cpu_hash.c    one thread and few voxels: hash-accumulate, then sort the voxels;
+ *   cpu_hash.c    one thread and few voxels: hash-accumulate, then sort the voxels
+ *                 (cpu_estimate.c guesses the voxel count first);
  *   cpu_sorted.c  the general case: radix-sort 8-byte (packed key, index) items;
  *   cpu_wide.c    keys + index wider than 64 bits: comparison sort, single thread.
  *
