@@ -148,7 +148,7 @@ static inline __attribute__((always_inline)) int stage_keys(const job_t *job, co
             __builtin_prefetch(&hs->table[(size_t)(sbvi_mix(key) >> hs->shift)]);
         prev = key;
     }
-    return (out[0] | out[1] | out[2]) ? SBVI_HASH_FULL : SBV_OK;
+    return (out[0] | out[1] | out[2] | out[3]) ? SBVI_HASH_FULL : SBV_OK;
 }
 
 /* Stage 2: voxel number of each key (new voxels numbered in input order), prefetching the
@@ -386,7 +386,7 @@ static inline __attribute__((always_inline)) int accumulate_direct(job_t *job, h
             sy = row[1].d;                                                                \
             sz = row[2].d;                                                                \
             cnt = row[3].i;                                                               \
-            if (((IDX) & 4095) == 0 && (out[0] | out[1] | out[2])) return SBVI_HASH_FULL;   \
+            if (((IDX) & 4095) == 0 && (out[0] | out[1] | out[2] | out[3])) return SBVI_HASH_FULL;   \
         }                                                                                 \
         sx += (double)x;                                                                  \
         sy += (double)y;                                                                  \
@@ -436,7 +436,7 @@ static inline __attribute__((always_inline)) int accumulate_direct(job_t *job, h
         row[6].i += c2;
         row[7].i += c3;
     }
-    return (out[0] | out[1] | out[2]) ? SBVI_HASH_FULL : SBV_OK;
+    return (out[0] | out[1] | out[2] | out[3]) ? SBVI_HASH_FULL : SBV_OK;
 }
 
 static int run_pass(job_t *job, hstate *hs, int fast, int fm, int direct) {

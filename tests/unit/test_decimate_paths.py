@@ -126,6 +126,17 @@ def test_fused_key_range_edges(name: str, xyz: np.ndarray, voxel: float) -> None
     check(name, pack(ALL[name], xyz, np.random.default_rng(0)), voxel, 1 << 30)
 
 
+@pytest.mark.parametrize("far", [0, 1, 2, 3, 1003, 2003, 3003, 4003, 5000, 5001, 5002])
+@pytest.mark.parametrize("name", ["xyz32", "xyzrgb"])
+def test_one_far_point_anywhere(name: str, far: int) -> None:
+    """Keys are computed four points at a time: a point out of the fused range must stop the
+    hash path in every lane and in the 3-point tail (a miss once let lane 3 through). 5003
+    points: more than the estimate samples, so most of these far points go unsampled."""
+    xyz = np.random.default_rng(far).uniform(-2, 2, (5003, 3)).astype(np.float32)
+    xyz[far] = [0.5, -4e6, 1.0]
+    check(name, pack(ALL[name], xyz, np.random.default_rng(1)), 1.0, 1 << 30)
+
+
 @SETTINGS
 @given(cloud=wide_clouds())
 def test_keys_spanning_more_than_2_63_with_hashing_on(cloud: tuple[str, bytes, float]) -> None:
