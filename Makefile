@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
-.PHONY: run test lint proto chart-docs venv sysdeps test-memory-heavy bench-relay bench-decimate bench-adapt bench-view test-sanitize fuzz clean \
+.PHONY: run test lint proto chart-docs venv sysdeps test-memory-heavy bench-relay bench-overload bench-capacity bench-decimate bench-adapt bench-view bench-uplink test-sanitize fuzz clean \
 	container-deps e2e-container bench-memory
 
 $(STAMP): pyproject.toml setup.py
@@ -75,6 +75,14 @@ test-memory-heavy: venv
 bench-relay: venv
 	$(PY) -m benchmarks.relay
 
+# 0.5x to 4x the bridge's measured capacity, both transports (a few minutes).
+bench-overload: venv
+	$(PY) -m benchmarks.overload
+
+# Max sustainable clouds/s at 0.5/1/1.5/2 cores (real cgroup v1 CPU throttle: needs root).
+bench-capacity: venv
+	$(PY) -m benchmarks.capacity
+
 bench-decimate: venv
 	$(PY) -m benchmarks.decimate
 
@@ -83,6 +91,10 @@ bench-adapt: venv
 
 bench-view: venv
 	$(PY) -m benchmarks.view
+
+# A 20 Mbit/s uplink (own network namespace, tbf; needs root): lanes off/on, codecs off/lossless/lossy.
+bench-uplink: venv
+	$(PY) -m benchmarks.uplink
 
 # The bridge in a real container (podman + runc, image from the Dockerfile on a local mmdebstrap
 # base), resized live under load: podman update directly and through the Kubernetes stand-in.

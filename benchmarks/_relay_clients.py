@@ -26,6 +26,7 @@ from benchmarks._relay_common import (
     Conn,
 )
 from benchmarks._relay_servers import RELAY_INGEST_METHOD, grpc_options
+from bridge.batches import edge_batch
 from bridge.v1 import bridge_pb2 as pb
 
 
@@ -87,10 +88,13 @@ class Client:
 
     yield_after_send = False
 
-    def __init__(self, cell: Cell, conn: Conn, payload: Payload, *, bridge: bool) -> None:
+    def __init__(
+        self, cell: Cell, conn: Conn, payload: Payload, *, bridge: bool, batch: int = 1
+    ) -> None:
         self.cell = cell
         self.conn = conn
         self.bridge = bridge
+        self.batch = batch  # frames per message (a FrameBatch when > 1; window counts frames)
         self.encode = (
             bridge_encoder(payload.cloud)
             if bridge
@@ -138,15 +142,24 @@ class Client:
         yield_after_send = self.yield_after_send
         clock = time.time_ns
         seq = 0
+        batch = self.batch
         try:
             while True:
-                await window.acquire()
+                for _ in range(batch):
+                    await window.acquire()
                 if stop.is_set():
-                    window.release()
+                    for _ in range(batch):
+                        window.release()
                     return
-                seq += 1
-                conn.sent += 1  # counted before the await: the sink may see it before we resume
-                await write(encode(seq, clock()))
+                conn.sent += batch  # counted before the await: the sink may see it first
+                if batch == 1:
+                    seq += 1
+                    await write(encode(seq, clock()))
+                    continue
+                now = clock()
+                frames = [encode(seq + i, now) for i in range(1, batch + 1)]
+                seq += batch
+                await write(edge_batch(frames))
                 if yield_after_send:
                     await asyncio.sleep(0)
         except (ConnectionClosed, grpc.aio.AioRpcError, ConnectionError) as exc:

@@ -19,7 +19,9 @@ MiB = 1 << 20
 SIZES: dict[str, int] = {"1KB": 1024, "100KB": 100 * 1024, "1.2MB": 1_200_000}
 """Point-cloud payload bytes per message (1.2 MB = 100 k xyz float32 points)."""
 CONNS = (1, 32)
-TARGETS = ("raw-ws", "bridge-ws", "raw-grpc", "bridge-grpc")
+TARGETS = ("raw-ws", "bridge-ws", "bridgeB-ws", "raw-grpc", "bridge-grpc", "bridgeB-grpc")
+"""``bridgeB-*``: the bridge with ``--batch`` frames per FrameBatch message (small sizes only)."""
+BATCH_MAX_BYTES = 256 * 1024  # batched cells run where ``batch`` frames fit in this
 QUICK_SIZES = ("1KB", "1.2MB")
 QUICK_CONNS = (1,)
 
@@ -45,14 +47,15 @@ _PF_SEQ, _PF_CAPTURE, _PF_BRIDGE_SEQ, _PF_DEVICE = (
 )
 
 
-def scan_processed(buf: bytes) -> tuple[bytes, int, int, int]:
+def scan_processed(buf: bytes, i: int = 0, n: int = -1) -> tuple[bytes, int, int, int]:
     """(device_id, seq, capture_time_ns, bridge_seq) of a serialized ProcessedFrame.
 
     Walks the top-level fields only, so the cloud is skipped, not copied (``FromString`` would copy
     1.2 MB per frame in the sink, i.e. in the load process, and blur the comparison).
     """
     device, seq, capture, bridge_seq = b"", 0, 0, 0
-    i, n = 0, len(buf)
+    if n < 0:
+        n = len(buf)
     while i < n:
         key, i = decode_varint(buf, i)
         number, wire = key >> 3, key & 7
@@ -154,6 +157,7 @@ class BenchConfig:
     seconds: float = 3.0
     warmup: float = 1.0
     window: int = 8
+    batch: int = 16  # frames per message in the bridgeB-* cells
     bridge_args: Sequence[str] = ()  # extra ``simbridge serve`` flags (to try a setting)
 
 

@@ -21,6 +21,10 @@ from benchmarks._relay_common import (
 )
 from benchmarks._relay_servers import RAW_SINK_METHOD, grpc_options
 from bridge.v1 import bridge_pb2 as pb
+from bridge.wire import field_key, repeated_spans
+
+SINK_PUSH_BATCH_METHOD = SINK_PUSH_METHOD + "Batch"
+_IN_BATCH_KEY = field_key(pb.ProcessedFrameBatch.DESCRIPTOR, "frames")
 
 
 class BenchSink:
@@ -55,14 +59,17 @@ class BenchSink:
 
     async def start(self) -> int:
         server = grpc.aio.server(options=grpc_options(self.max_bytes + 64 * 1024))
+        handlers: dict[str, dict[str, Any]] = {}
         for path, handler in (
             (SINK_PUSH_METHOD, grpc.stream_stream_rpc_method_handler(self._bridge_push)),
+            (SINK_PUSH_BATCH_METHOD, grpc.stream_stream_rpc_method_handler(self._bridge_batch)),
             (RAW_SINK_METHOD, grpc.stream_unary_rpc_method_handler(self._raw_push)),
         ):
             service, method = path.strip("/").split("/")
-            server.add_generic_rpc_handlers(
-                (grpc.method_handlers_generic_handler(service, {method: handler}),)
-            )
+            handlers.setdefault(service, {})[method] = handler
+        server.add_generic_rpc_handlers(
+            tuple(grpc.method_handlers_generic_handler(s, m) for s, m in handlers.items())
+        )
         self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
         if not self.port:
             raise OSError("the sink cannot bind its port")
@@ -92,7 +99,10 @@ class BenchSink:
             self._arrive(token, seq, sent_ns, now)
         return b""
 
-    async def _bridge_push(self, requests: Any, context: Any) -> None:
+    async def _bridge_batch(self, requests: Any, context: Any) -> None:
+        await self._bridge_push(requests, context, batched=True)
+
+    async def _bridge_push(self, requests: Any, context: Any, *, batched: bool = False) -> None:
         self.bridge_streams += 1
         high = 0
         unacked = 0
@@ -105,10 +115,12 @@ class BenchSink:
             try:
                 async for raw in requests:
                     now = clock()
-                    device, seq, capture_ns, bridge_seq = scan_processed(raw)
-                    self._arrive(device, seq, capture_ns, now)
-                    high = max(high, bridge_seq)
-                    unacked += 1
+                    spans = repeated_spans(raw, _IN_BATCH_KEY) if batched else [(0, len(raw))]
+                    for start, end in spans:
+                        device, seq, capture_ns, bridge_seq = scan_processed(raw, start, end)
+                        self._arrive(device, seq, capture_ns, now)
+                        high = max(high, bridge_seq)
+                        unacked += 1
                     if unacked >= ACK_EVERY:
                         wake.set()
             finally:

@@ -15,8 +15,6 @@ import json
 import shutil
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,15 @@ from benchmarks.container_rig import ContainerRig
 from bridge.resources.kubeapi import ENV_API, ENV_POD_NAME, ENV_POD_NAMESPACE
 from bridge.resources.quantity import to_bytes, to_millicores
 from loadgen.kubesim_podman import PodmanActuator
-from loadgen.resize import CONTAINER, POD_NAME, POD_NAMESPACE, pod_json, resize_body
+from loadgen.resize import (
+    CONTAINER,
+    POD_NAME,
+    POD_NAMESPACE,
+    get_pod,
+    patch_resize,
+    pod_json,
+    resize_body,
+)
 
 
 def seam_missing() -> str | None:
@@ -76,24 +82,10 @@ class KubeResizer:
                 "-p", json.dumps(body),
             )  # fmt: skip
             return
-        req = urllib.request.Request(
-            self.url + self.pod_path + "/resize",
-            data=json.dumps(body).encode(),
-            method="PATCH",
-            headers={"Content-Type": "application/strategic-merge-patch+json"},
-        )
-        try:
-            await asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=10).read())
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"resize rejected: {exc.code} {exc.read().decode()}") from None
+        await patch_resize(self.url + self.pod_path, body)
 
     async def _pod(self) -> dict[str, Any]:
-        def get() -> dict[str, Any]:
-            with urllib.request.urlopen(self.url + self.pod_path, timeout=10) as r:
-                pod: dict[str, Any] = json.loads(r.read())
-                return pod
-
-        return await asyncio.to_thread(get)
+        return await get_pod(self.url + self.pod_path)
 
     async def resize(self, cpu: float, memory: int) -> list[str]:
         """PATCH, then wait (≤ 60 s) until the Pod's status shows the resize enacted."""

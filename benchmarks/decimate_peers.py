@@ -101,7 +101,9 @@ def pcl_timed(
 
 
 def _service_item(layout: CloudLayout, data: bytes, voxel: float) -> Any:
-    """A work item as a worker gets it: the Frame parsed from its serialized bytes."""
+    """A work item as a worker gets it: a large cloud's header apart from a view of its points
+    in the wire bytes (codec.split_cloud_frame), a small one parsed."""
+    from bridge.codec import split_cloud_frame
     from bridge.v1 import bridge_pb2 as pb
 
     frame = pb.Frame(stream_id="bench", seq=1, capture_time_ns=1)
@@ -110,7 +112,12 @@ def _service_item(layout: CloudLayout, data: bytes, voxel: float) -> Any:
     pc.data = data
     for f in layout.fields:
         pc.fields.add(name=f.name, offset=f.offset, type=int(f.type))
-    frame = pb.Frame.FromString(frame.SerializeToString())
+    split = split_cloud_frame(pb.EdgeMessage(frame=frame).SerializeToString())
+    points = None
+    if split is not None:
+        frame, points = split
+    else:
+        frame = pb.Frame.FromString(frame.SerializeToString())
     config = SimpleNamespace(voxel_size=voxel, max_points=0, passthrough=False)
     stream = SimpleNamespace(stream_id="bench", device_id="bench", config=config, key=("b", "b"))
     return SimpleNamespace(
@@ -119,6 +126,7 @@ def _service_item(layout: CloudLayout, data: bytes, voxel: float) -> Any:
         frame=frame,
         layout=layout,
         points=len(data) // layout.stride,
+        data=points,
     )
 
 

@@ -61,6 +61,7 @@ from typing import Any
 
 from benchmarks._relay_clients import GrpcClient, Payload, WsClient
 from benchmarks._relay_common import (
+    BATCH_MAX_BYTES,
     CONNS,
     DRAIN_TIMEOUT,
     MAX_FRAME_BYTES,
@@ -176,7 +177,7 @@ class Bench:
         # Children are forked before this process starts any gRPC thread (the sink), which gRPC's
         # fork handlers would otherwise complain about; they find the sink once it listens.
         self.sink.reserve_port()
-        wanted = {t.split("-")[0] if t.startswith("bridge") else t for t in self.config.targets}
+        wanted = {"bridge" if t.startswith("bridge") else t for t in self.config.targets}
         makers = {
             "bridge": lambda: bridge_process(self.sink.address, self.config.bridge_args),
             "raw-ws": lambda: raw_relay_process("ws", self.sink.address),
@@ -226,6 +227,9 @@ class Bench:
         for size in self.config.sizes:
             for conns in self.config.conns:
                 for target in targets:
+                    batched = target.startswith("bridgeB")
+                    if batched and payloads[size].wire_bytes * self.config.batch > BATCH_MAX_BYTES:
+                        continue  # batches are for small frames (the SDK sends big ones alone)
                     result = await self.run_cell(target, payloads[size], conns)
                     results.append(result)
                     attach_ratios(results)
@@ -235,11 +239,13 @@ class Bench:
     async def run_cell(self, target: str, payload: Payload, conns: int) -> CellResult:
         cfg = self.config
         self._cells += 1
-        cell = Cell(self._cells, conns, cfg.window)
+        batch = cfg.batch if target.startswith("bridgeB") else 1
+        cell = Cell(self._cells, conns, cfg.window * batch)
         cell.register()
         server, address = self._address(target)
         kind = WsClient if target.endswith("ws") else GrpcClient
-        clients = [kind(cell, c, payload, bridge=target.startswith("bridge")) for c in cell.conns]
+        bridge = target.startswith("bridge")
+        clients = [kind(cell, c, payload, bridge=bridge, batch=batch) for c in cell.conns]
         errors: list[str] = []
         if self.sink.stray > self._stray_seen:
             errors.append(f"{self.sink.stray - self._stray_seen} messages arrived between cells")
@@ -323,6 +329,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[BenchConfig, Path | None]:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per cell")
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per cell")
     parser.add_argument("--window", type=int, default=8, help="in-flight messages per connection")
+    parser.add_argument(
+        "--batch", type=int, default=16, help="frames per message in the bridgeB-* cells"
+    )
     parser.add_argument("--sizes", type=_csv(str, list(SIZES)), help="e.g. 1KB,1.2MB")
     parser.add_argument("--conns", type=_csv(int), help="e.g. 1,32")
     parser.add_argument("--targets", type=_csv(str, TARGETS), help=f"of {','.join(TARGETS)}")
@@ -338,10 +347,14 @@ def parse_args(argv: Sequence[str] | None) -> tuple[BenchConfig, Path | None]:
         help="extra simbridge serve flag, repeatable: --bridge-arg=--ack-interval-seconds=0.01",
     )
     ns = parser.parse_args(argv)
-    if ns.seconds <= 0 or ns.warmup < 0 or ns.window < 1:
-        parser.error("--seconds > 0, --warmup >= 0 and --window >= 1 please")
+    if ns.seconds <= 0 or ns.warmup < 0 or ns.window < 1 or ns.batch < 2:
+        parser.error("--seconds > 0, --warmup >= 0, --window >= 1 and --batch >= 2 please")
     cfg = BenchConfig(
-        seconds=ns.seconds, warmup=ns.warmup, window=ns.window, bridge_args=ns.bridge_arg
+        seconds=ns.seconds,
+        warmup=ns.warmup,
+        window=ns.window,
+        batch=ns.batch,
+        bridge_args=ns.bridge_arg,
     )
     if ns.quick:
         cfg.sizes, cfg.conns = QUICK_SIZES, QUICK_CONNS

@@ -72,6 +72,7 @@ class BridgeService:
             max_streams_per_session=settings.max_streams_per_session,
             max_telemetry_bytes=settings.max_telemetry_bytes,
             max_telemetry_entries=settings.max_telemetry_entries,
+            max_batch_frames=settings.max_batch_frames,
         )
         self.events = CoreEvents(self.metrics)
         # Until the adapter plans from the memory limit (or without it): the configured budget.

@@ -94,9 +94,28 @@ class WorkItem:
 
     stream: Stream
     entry: Entry
-    frame: pb.Frame
+    frame: pb.Frame  # a large cloud's frame without its data (that is ``data``)
     layout: CloudLayout | None
     points: int  # input points (0 for telemetry), counted once at admission
+    data: bytes | memoryview | None = None  # a large cloud's points, held apart from ``frame``
+
+
+#: Clouds from this size on are held as (frame without data, data): below it, building the
+#: smaller frame costs more than the copies it saves.
+SPLIT_DATA_BYTES = 64 * 1024
+
+
+def _without_data(frame: pb.Frame) -> pb.Frame:
+    """``frame`` with everything but its cloud's point data (stream, seq, time, layout, pose)."""
+    cloud = frame.point_cloud
+    meta = pb.Frame(stream_id=frame.stream_id, seq=frame.seq, capture_time_ns=frame.capture_time_ns)
+    out = meta.point_cloud
+    out.point_stride = cloud.point_stride
+    out.fields.extend(cloud.fields)
+    out.frame_id = cloud.frame_id
+    if cloud.HasField("pose"):
+        out.pose.CopyFrom(cloud.pose)
+    return meta
 
 
 _POLICIES = {
@@ -295,12 +314,14 @@ class BridgeCore:
         size: int,
         now_ns: int,
         charge: Charge | None = None,
+        data: bytes | memoryview | None = None,
     ) -> Offer:
         """Admit one frame of ``size`` wire bytes, or say why not (errors are raised).
 
         ``charge`` holds the frame's bytes in the governor (granted at receive); when the frame
         is ACCEPTED the ring takes it over, otherwise the caller still owns it. Without one (unit
-        tests, tools) the ring charges the frame itself.
+        tests, tools) the ring charges the frame itself. ``data``: a large cloud's points when
+        the transport kept them out of ``frame`` (:func:`codec.split_cloud_frame`).
         """
         stream = session.streams.get(frame.stream_id)
         if stream is None:
@@ -320,14 +341,19 @@ class BridgeCore:
             stream.conn_last_seq = frame.seq
             self._mark_dirty(stream, urgent=True)
             return Offer.DUPLICATE
-        layout, points = self._validate_payload(stream, frame)
+        if data is None:
+            layout, points, data = self._validate_payload(stream, frame)
+            if data is not None:
+                frame = _without_data(frame)  # the parsed message (and its copy of data) goes
+        else:
+            layout, points, _ = self._validate_payload(stream, frame, len(data))
         gap = None
         if frame.seq > stream.accepted_seq + 1:
             missing = frame.seq - stream.accepted_seq - 1
             gap = Gap(stream.accepted_seq + 1, frame.seq - 1, missing, "upstream")
         own = charge if charge is not None else self.governor.force(Component.RING, size)
         result, evicted = stream.ring.admit(
-            frame.seq, size, (frame, layout, points), ingest_ns=now_ns, gap=gap, charge=own
+            frame.seq, size, (frame, layout, points, data), ingest_ns=now_ns, gap=gap, charge=own
         )
         if evicted:
             self.listener.on_evicted(stream, len(evicted))
@@ -347,18 +373,40 @@ class BridgeCore:
         self.listener.on_work()
         return Offer.ACCEPTED
 
-    def _validate_payload(self, stream: Stream, frame: pb.Frame) -> tuple[CloudLayout | None, int]:
+    def _validate_payload(
+        self, stream: Stream, frame: pb.Frame, nbytes: int | None = None
+    ) -> tuple[CloudLayout | None, int, bytes | None]:
+        """Layout and point count; a large cloud's data is read out here, once (every read of
+        a protobuf bytes field is a copy: validation, processing and decimation share it)."""
         payload = frame.WhichOneof("payload")
         if stream.config.kind == KIND_POINT_CLOUD:
             if payload != "point_cloud":
                 raise InvalidLayout(f"stream {stream.stream_id!r} expects point_cloud frames")
             cached = cast(tuple[codec.LayoutKey, CloudLayout] | None, stream.layout_cache)
-            layout, points, key = codec.cloud_layout(frame.point_cloud, self.config.limits, cached)
+            cloud = frame.point_cloud
+            if nbytes is not None:  # the points are held apart already
+                layout, points, key = codec.cloud_layout(cloud, self.config.limits, cached, nbytes)
+                stream.layout_cache = (key, layout)
+                return layout, points, None
+            data = cloud.data
+            layout, points, key = codec.cloud_layout(cloud, self.config.limits, cached, len(data))
             stream.layout_cache = (key, layout)
-            return layout, points
+            return layout, points, data if len(data) >= SPLIT_DATA_BYTES else None
         if payload != "telemetry":
             raise InvalidLayout(f"stream {stream.stream_id!r} expects telemetry frames")
-        return None, 0
+        return None, 0, None
+
+    def resume_ready(self, session: Session, stream_id: str, size: int) -> bool:
+        """Whether a paused stream has drained to its low watermark: half its ring free (at
+        least one more frame of ``size``). Why not "one frame fits": resuming then pauses again
+        after the next frame, a PAUSE/RESUME pair per frame that keeps the edge stop-and-go."""
+        stream = session.streams.get(stream_id)
+        if stream is None:
+            return True
+        ring = stream.ring
+        # No floor under a ring's share: a frame may be larger than the whole ring (it
+        # borrows), so an empty ring always resumes.
+        return ring.occupancy_bytes == 0 or ring.free_bytes >= max(size, ring.capacity_bytes // 2)
 
     # -- processing -------------------------------------------------------------------------
     def take_work(self, accept: Callable[[Stream], bool] | None = None) -> WorkItem | None:
@@ -374,8 +422,10 @@ class BridgeCore:
                 self._queued.discard(stream.key)
                 continue
             self._work_queue.append(stream)
-            frame, layout, points = cast(tuple[pb.Frame, CloudLayout | None, int], entry.item)
-            return WorkItem(stream, entry, frame, layout, points)
+            frame, layout, points, data = cast(
+                tuple[pb.Frame, CloudLayout | None, int, bytes | memoryview | None], entry.item
+            )
+            return WorkItem(stream, entry, frame, layout, points, data)
         return None
 
     def complete(self, item: WorkItem, result: bytes | tuple[bytes, ...]) -> None:

@@ -15,17 +15,26 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 
+from bridge import wire
 from bridge.ring import Entry, Gap
 from bridge.session import Stream
 from bridge.v1 import bridge_pb2 as pb
 
+_BRIDGE_SEQ_KEY = wire.field_key(pb.ProcessedFrame.DESCRIPTOR, "bridge_seq", wire.WIRE_VARINT)
+
 
 @dataclass(frozen=True, slots=True)
 class Outgoing:
-    """One entry's wire bytes, marked in flight; ``replay`` when it was sent before."""
+    """One entry's wire bytes, marked in flight, as parts (joined once, by whoever writes them:
+    alone or inside a batch); ``replay`` when it was sent before."""
 
-    data: bytes
+    parts: tuple[bytes, ...]
+    nbytes: int
     replay: bool
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.parts)
 
 
 class EgressLog:
@@ -92,7 +101,8 @@ class EgressLog:
         entry.in_flight = True
         replay = entry.bridge_seq <= self._sent_high
         self._sent_high = max(self._sent_high, entry.bridge_seq)
-        return Outgoing(frame_bytes(entry), replay)
+        parts = frame_parts(entry)
+        return Outgoing(parts, sum(map(len, parts)), replay)
 
     def clear_in_flight(self) -> None:
         """The sink connection is gone: nothing is in flight any more (all will be replayed)."""
@@ -106,12 +116,17 @@ def frame_bytes(entry: Entry, extra_gap: Gap | None = None) -> bytes:
     Protobuf merges concatenated messages (scalars: last wins), so the per-send fields are a
     small serialized trailer appended to the core serialized once by the worker.
     """
+    return b"".join(frame_parts(entry, extra_gap))
+
+
+def frame_parts(entry: Entry, extra_gap: Gap | None = None) -> tuple[bytes, ...]:
+    """:func:`frame_bytes` before the join (the push joins a whole batch at once)."""
     trailer = gap_trailer(entry, extra_gap)
     core = entry.item
     if isinstance(core, tuple):
-        return b"".join((*core, trailer))
+        return (*core, trailer)
     assert isinstance(core, bytes)
-    return core + trailer
+    return (core, trailer)
 
 
 def gap_trailer(entry: Entry, extra_gap: Gap | None = None) -> bytes:
@@ -121,6 +136,8 @@ def gap_trailer(entry: Entry, extra_gap: Gap | None = None) -> bytes:
     gap = entry.gap
     if extra_gap is not None:
         gap = extra_gap if gap is None else gap.merge(extra_gap)
+    if gap is None:  # the common case, without building a message
+        return _BRIDGE_SEQ_KEY + wire.encode_varint(entry.bridge_seq)
     trailer = pb.ProcessedFrame(bridge_seq=entry.bridge_seq)
     if gap is not None:
         trailer.gap.CopyFrom(

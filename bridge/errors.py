@@ -16,6 +16,10 @@ and the metrics read the same row, so a WebSocket edge and a gRPC edge are told 
     │   ├── TooManyPending    too many connections still owe their Hello
     │   ├── HelloTimeout      no Hello within ``hello_timeout_seconds``
     │   ├── TelemetryTooLarge telemetry above its own byte / entry limits
+    │   ├── ChunkSequence     a FrameChunk out of order, overlapping, oversize or inconsistent
+    │   ├── ChunkAbandoned    a chunked frame left incomplete
+    │   ├── CodecError        an encoded cloud that does not decode, or an unknown codec
+    │   ├── BatchTooLarge     a FrameBatch above max_batch_frames or the telemetry bytes limit
     │   ├── Unauthenticated   missing/wrong bearer token
     │   └── SessionTaken      a Hello for a live device without that session's resume token
     ├── StartupError          a listener could not be bound
@@ -63,6 +67,11 @@ WIRE: dict[str, WireError] = {
     "too_many_pending": WireError(pb.TOO_MANY_SESSIONS, _TRY_LATER, "RESOURCE_EXHAUSTED", True),
     "hello_timeout": WireError(pb.PROTOCOL_VIOLATION, _POLICY, "DEADLINE_EXCEEDED", True),
     "telemetry_too_large": WireError(pb.TOO_LARGE, _POLICY, "RESOURCE_EXHAUSTED", False),
+    "chunk_sequence": WireError(pb.CHUNK_SEQUENCE, _POLICY, "INVALID_ARGUMENT", False),
+    "chunk_too_large": WireError(pb.TOO_LARGE, _POLICY, "RESOURCE_EXHAUSTED", False),
+    "chunk_abandoned": WireError(pb.CHUNK_ABANDONED, _POLICY, "INVALID_ARGUMENT", False),
+    "codec_error": WireError(pb.CODEC_ERROR, _POLICY, "INVALID_ARGUMENT", False),
+    "batch_too_large": WireError(pb.TOO_LARGE, _TOO_BIG, "RESOURCE_EXHAUSTED", True),
 }
 
 
@@ -151,6 +160,29 @@ class HelloTimeout(ProtocolError):
 
 class TelemetryTooLarge(ProtocolError):
     reason = "telemetry_too_large"
+
+
+class ChunkSequence(ProtocolError):
+    reason = "chunk_sequence"
+
+
+class ChunkTooLarge(ProtocolError):
+    reason = "chunk_too_large"
+
+
+class ChunkAbandoned(ProtocolError):
+    reason = "chunk_abandoned"
+
+
+class CodecError(ProtocolError):
+    reason = "codec_error"
+
+
+class BatchTooLarge(ProtocolError):
+    """Fatal: the Welcome told the edge the batch limits (a batch is refused whole, so a
+    non-fatal refusal could not say which of its frames were not taken)."""
+
+    reason = "batch_too_large"
 
 
 class StartupError(BridgeError):

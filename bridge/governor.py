@@ -157,9 +157,12 @@ class Governor:
         self._pump()
 
     def _refuse_unfittable(self) -> None:
-        for waiter in [w for w in self._waiters if self.never_fits(w.nbytes)]:
+        refused = [w for w in self._waiters if self.never_fits(w.nbytes)]
+        for waiter in refused:
             self._waiters.remove(waiter)
             self._finish(waiter, None)
+        if refused:
+            self._pump()  # a refused head may have been blocking requests that fit
 
     # -- charging -----------------------------------------------------------------------------
     def request(

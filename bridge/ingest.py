@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge import codec
-from bridge.core import Offer
+from bridge.core import SPLIT_DATA_BYTES, Offer
 from bridge.credentials import DeviceTokenFile
 from bridge.errors import (
     FrameTooLarge,
@@ -38,6 +38,7 @@ from bridge.metrics import BridgeMetrics
 from bridge.ports import EdgeTransport, IngestCore, Received
 from bridge.session import Session, Stream, StreamKey
 from bridge.settings import Settings
+from bridge.uplink import Uplink
 from bridge.v1 import bridge_pb2 as pb
 
 log = logging.getLogger("bridge.ingest")
@@ -210,6 +211,8 @@ class EdgeConnection:
         self._flow_want = False  # session-wide PAUSE wanted (a receive grant is waiting)
         self._flow_sent = False
         self._flow_task: asyncio.Future[None] | None = None
+        self._uplink: Uplink | None = None  # chunks and codecs (bridge.uplink)
+        self._last_size = 0  # the last message's bytes: the low watermark's unit
 
     def wake_acks(self, *, urgent: bool) -> None:
         self._acks_due.set()
@@ -241,8 +244,10 @@ class EdgeConnection:
                 if edges.draining:
                     await self.send(self._drain_message())
                     return
+                Uplink.check_hello(msg.hello)
                 attached = core.hello(msg.hello, self, identity_proven=proven)
                 self.session, welcome = attached.session, attached.welcome
+                self._uplink = Uplink(msg.hello, self.session.streams, self._config.limits)
                 edges.supersede(attached.superseded)
             except ProtocolError as exc:
                 await self._refuse(exc, fatal=True)
@@ -276,6 +281,8 @@ class EdgeConnection:
                 ack_task.cancel()
             if self._flow_task is not None:
                 self._flow_task.cancel()
+            if self._uplink is not None:
+                self._uplink.close()
             edges.unregister(self)
             if self.session is not None:
                 core.detach(self.session, self, time.monotonic())
@@ -330,27 +337,58 @@ class EdgeConnection:
     async def _read_loop(self) -> None:
         metrics = self._metrics
         transport = self.transport.name
+        received_frames = metrics.frames_received.labels(transport)
+        received_bytes = metrics.bytes_received.labels(transport)
+        limits = self._config.limits
         assert self.session is not None
         while True:
             received = await self.transport.recv()
             if received is None:
                 return
-            size = len(received.data)
-            metrics.frames_received.labels(transport).inc()
-            metrics.bytes_received.labels(transport).inc(size)
+            size = self._last_size = len(received.data)
+            received_frames.inc()
+            received_bytes.inc(size)
             frame: pb.Frame | None = None
             charge: Charge | None = received.charge
             try:
-                msg = codec.decode_edge(received.data, self._config.limits)
-                del received  # the wire bytes: only the parsed frame (charged) is kept
-                if msg.WhichOneof("kind") != "frame":
-                    raise ProtocolViolation("Hello may only be sent once per connection")
-                frame = msg.frame
+                data = received.data
+                del received
+                if codec.is_batch(data):
+                    spans = codec.batch_spans(data, limits)
+                    owned, charge = charge, None
+                    assert owned is not None
+                    if not await self._admit_batch(data, spans, owned):
+                        return
+                    continue
+                points: memoryview | None = None
+                msg: pb.EdgeMessage | None = None
+                split = codec.split_cloud_frame(data) if size >= SPLIT_DATA_BYTES else None
+                if split is not None:  # a large cloud: its points stay in the wire bytes
+                    frame, points = split
+                else:
+                    msg = codec.decode_edge(data, limits)
+                    if msg.WhichOneof("kind") not in ("frame", "chunk"):
+                        raise ProtocolViolation("Hello may only be sent once per connection")
+                del data  # the wire bytes: only the parsed frame (charged), or the points, stay
                 if self._edges.draining:
                     continue  # not accepted, not acked: the edge resends it after reconnecting
-                assert charge is not None
+                assert charge is not None and self._uplink is not None
                 owned, charge = charge, None
-                await self._admit(frame, size, owned)
+                now = time.monotonic()
+                if msg is None:
+                    assert frame is not None
+                    ready = self._uplink.take_split(frame, points, size, owned)
+                else:
+                    ready = self._uplink.take(msg, size, owned, now)
+                del points
+                charge = ready.charge
+                for refused in ready.errors:
+                    await self._refuse(refused, fatal=False, frame=refused.frame)
+                if ready.frame is None or charge is None:
+                    continue
+                frame = ready.frame
+                owned, charge = charge, None
+                await self._admit(frame, ready.size, owned, ready.points)
             except ProtocolError as exc:
                 if exc.fatal:
                     await self._refuse(exc, fatal=True)
@@ -359,6 +397,42 @@ class EdgeConnection:
             finally:
                 if charge is not None:
                     charge.release()
+
+    async def _admit_batch(self, data: bytes, spans: list[tuple[int, int]], charge: Charge) -> bool:
+        """Each frame of a batch as if it came alone, in order: its own slice of the message's
+        charge, its own refusal. False when a fatal refusal ended the connection."""
+        limits = self._config.limits
+        last = len(spans) - 1
+        for index, (start, end) in enumerate(spans):
+            part: Charge | None = (
+                charge if index == last else charge.split(min(end - start, charge.nbytes))
+            )
+            frame: pb.Frame | None = None
+            try:
+                frame = codec.decode_frame(data, start, end, limits)
+                assert part is not None and self._uplink is not None
+                if self._edges.draining:
+                    part.release()
+                    continue
+                size = self._uplink.decode(frame, end - start, part)
+                owned, part = part, None
+                await self._admit(frame, size, owned)
+            except ProtocolError as exc:
+                if part is not None:
+                    part.release()
+                if exc.fatal:
+                    if index != last:
+                        charge.release()
+                    await self._refuse(exc, fatal=True)
+                    return False
+                await self._refuse(exc, fatal=False, frame=frame or exc.frame)
+            except BaseException:
+                if part is not None and not part.released:
+                    part.release()
+                if index != last and not charge.released:
+                    charge.release()
+                raise
+        return True
 
     def _on_grant_wait(self, waiting: bool) -> None:
         """Reading stopped for a memory grant: tell the whole session to pause (and resume).
@@ -378,6 +452,13 @@ class EdgeConnection:
         try:
             while self._flow_want != self._flow_sent:
                 want = self._flow_want
+                if not want:
+                    # Hysteresis: a grant right after a wait means room for one message; a
+                    # RESUME then would bring a PAUSE back after the next one. Wait until the
+                    # session's rings drained to their low watermark.
+                    await self._until_session_drained()
+                    if self._flow_want:
+                        continue
                 action = pb.FlowControl.PAUSE if want else pb.FlowControl.RESUME
                 msg = pb.BridgeMessage(flow_control=pb.FlowControl(action=action))
                 with contextlib.suppress(ConnectionError):
@@ -386,16 +467,21 @@ class EdgeConnection:
         finally:
             self._flow_task = None
 
-    async def _admit(self, frame: pb.Frame, size: int, charge: Charge) -> None:
+    async def _admit(
+        self, frame: pb.Frame, size: int, charge: Charge, points: memoryview | None = None
+    ) -> None:
         """Offer until the ring accepts (it takes over ``charge``); otherwise (a duplicate, an
         error, draining, cancelled) ``charge`` is released here, exactly once."""
         state = {"taken": False, "paused": False}
         try:
-            await self._offer_until_taken(frame, size, charge, state)
+            await self._offer_until_taken(frame, size, charge, state, points)
         finally:
             if not state["taken"]:
                 charge.release()
         if state["paused"]:
+            # Hysteresis: RESUME only once the ring drained to its low watermark.
+            if not await self._until_resume_ready(frame.stream_id, size):
+                return
             await self.send(
                 pb.BridgeMessage(
                     flow_control=pb.FlowControl(
@@ -404,15 +490,43 @@ class EdgeConnection:
                 )
             )
 
+    async def _until_session_drained(self) -> None:
+        session = self.session
+        if session is None:
+            return
+        for stream_id in list(session.streams):
+            if not await self._until_resume_ready(stream_id, self._last_size):
+                return
+
+    async def _until_resume_ready(self, stream_id: str, size: int) -> bool:
+        """Wait until the paused stream's ring is down to its low watermark (False: draining)."""
+        core = self._core
+        assert self.session is not None
+        while not core.resume_ready(self.session, stream_id, size):
+            space = self._edges.space_event((self.session.device_id, stream_id))
+            space.clear()
+            if core.resume_ready(self.session, stream_id, size):
+                break
+            await space.wait()
+            if self._edges.draining:
+                return False
+        return True
+
     async def _offer_until_taken(
-        self, frame: pb.Frame, size: int, charge: Charge, state: dict[str, bool]
+        self,
+        frame: pb.Frame,
+        size: int,
+        charge: Charge,
+        state: dict[str, bool],
+        points: memoryview | None = None,
     ) -> None:
         core, metrics = self._core, self._metrics
         assert self.session is not None
+        space: asyncio.Event | None = None  # taken only once a ring is full (a weakref'd dict)
         while True:
-            space = self._edges.space_event((self.session.device_id, frame.stream_id))
-            space.clear()
-            outcome = core.offer(self.session, frame, size, time.time_ns(), charge)
+            if space is not None:
+                space.clear()  # cleared before the offer: a wake-up after it is not lost
+            outcome = core.offer(self.session, frame, size, time.time_ns(), charge, points)
             if outcome is Offer.ACCEPTED:
                 state["taken"] = True
                 metrics.frames_accepted.inc()
@@ -430,6 +544,9 @@ class EdgeConnection:
                         )
                     )
                 )
+            if space is None:
+                space = self._edges.space_event((self.session.device_id, frame.stream_id))
+                continue  # offer once more with the event cleared, then wait
             await space.wait()
             if self._edges.draining:
                 return

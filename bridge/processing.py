@@ -13,11 +13,12 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from typing import cast
 
 from bridge import wire
 from bridge.core import BridgeCore, WorkItem
 from bridge.decimate import Decimator
-from bridge.decimate.into import decimate_message, kernel_threads
+from bridge.decimate.into import cloud_parts, decimate_message, kernel_threads
 from bridge.governor import Charge, Component, Governor
 from bridge.session import KIND_POINT_CLOUD, Stream
 from bridge.v1 import bridge_pb2 as pb
@@ -83,6 +84,7 @@ def process_frame(
                 stream.config.max_points,
                 threads,
                 clock,
+                item.data,
             )
         except ValueError as exc:  # e.g. voxel keys overflow int64 for this voxel size
             error = str(exc)
@@ -90,6 +92,8 @@ def process_frame(
             return encoded, time.perf_counter() - t0, None
     info.output_points, info.backend = item.points, "passthrough"
     out.processed_time_ns = clock()
+    if item.data is not None:  # spliced around the data already read out: no copy here
+        return cast(tuple[bytes, ...], cloud_parts(out, cloud, item.data)), 0.0, error
     raw_cloud = cloud.SerializeToString()
     return (
         (out.SerializeToString(), wire.length_prefix(_POINT_CLOUD_KEY, len(raw_cloud)), raw_cloud),

@@ -6,6 +6,10 @@ holds); the bridge marks those delivered and only then sends, so a restarted bri
 a frame twice. Afterwards the sink acknowledges cumulatively by ``bridge_seq``. Reconnects use
 exponential backoff with full jitter.
 
+Batching: the bridge first tries ``PushBatch`` (the same protocol, many consecutive frames per
+message: one gRPC write instead of one per frame, the dominant per-frame cost of small frames)
+and falls back to ``Push`` for the life of the process when the sink answers UNIMPLEMENTED.
+
 Liveness: a sink can go silent without a TCP reset (a partition, a hung process). HTTP/2
 keepalive pings notice a dead connection; an ack deadline notices a live connection whose sink
 stopped acknowledging: frames in flight with no ack progress for ``sink_ack_timeout_seconds``
@@ -21,6 +25,7 @@ import time
 
 import grpc
 
+from bridge import wire
 from bridge.governor import Component, Governor
 from bridge.metrics import BridgeMetrics
 from bridge.ports import Delivery
@@ -32,7 +37,9 @@ from bridge.v1 import bridge_pb2 as pb
 log = logging.getLogger("bridge.push")
 
 PUSH_METHOD = "/bridge.v1.VisualizationSink/Push"
+PUSH_BATCH_METHOD = "/bridge.v1.VisualizationSink/PushBatch"
 _BATCH = 64
+_IN_BATCH_KEY = wire.field_key(pb.ProcessedFrameBatch.DESCRIPTOR, "frames")
 
 
 class SinkPusher:
@@ -53,6 +60,8 @@ class SinkPusher:
         self._highest_sent = 0  # bridge_seq of the last frame written on this stream
         self._highest_acked = 0
         self._waiting_since: float | None = None  # frames in flight, no ack progress since
+        # PushBatch until a sink says UNIMPLEMENTED (then Push, for this process's life)
+        self.batching = settings.sink_batch_bytes > 0
 
     def wake(self) -> None:
         self._wake.set()
@@ -106,20 +115,14 @@ class SinkPusher:
     async def _session(self, channel: grpc.aio.Channel) -> bool:
         """One Push stream, until it fails. Returns True when the handshake succeeded."""
         delivery = self.delivery
-        push = channel.stream_stream(
-            PUSH_METHOD, request_serializer=None, response_deserializer=pb.SinkAck.FromString
-        )
-        call = push(wait_for_ready=False)
-        handshake = self.settings.sink_handshake_timeout_seconds
         try:
-            first = await asyncio.wait_for(call.read(), handshake)
-        except TimeoutError:
-            call.cancel()
-            self.metrics.sink_failures.labels("handshake_timeout").inc()
-            raise TimeoutError(
-                f"no watermark SinkAck within {handshake:g} s: a VisualizationSink sends its "
-                "watermarks first on every Push stream"
-            ) from None
+            call, first = await self._open(channel)
+        except grpc.aio.AioRpcError as exc:
+            if not self.batching or exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            log.info("sink %s has no PushBatch: one frame per Push message", self.address)
+            self.batching = False
+            call, first = await self._open(channel)
         if first is grpc.aio.EOF:
             raise ConnectionError("sink closed the stream before its watermarks")
         assert isinstance(first, pb.SinkAck)
@@ -144,6 +147,26 @@ class SinkPusher:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _open(
+        self, channel: grpc.aio.Channel
+    ) -> tuple[grpc.aio.StreamStreamCall[bytes, pb.SinkAck], object]:
+        """Start a Push (or PushBatch) stream and read the sink's watermark ack."""
+        method = PUSH_BATCH_METHOD if self.batching else PUSH_METHOD
+        push = channel.stream_stream(
+            method, request_serializer=None, response_deserializer=pb.SinkAck.FromString
+        )
+        call = push(wait_for_ready=False)
+        handshake = self.settings.sink_handshake_timeout_seconds
+        try:
+            return call, await asyncio.wait_for(call.read(), handshake)
+        except TimeoutError:
+            call.cancel()
+            self.metrics.sink_failures.labels("handshake_timeout").inc()
+            raise TimeoutError(
+                f"no watermark SinkAck within {handshake:g} s: a VisualizationSink sends its "
+                "watermarks first on every Push stream"
+            ) from None
 
     async def _read_acks(self, call: grpc.aio.StreamStreamCall[bytes, pb.SinkAck]) -> None:
         delivery = self.delivery
@@ -179,32 +202,62 @@ class SinkPusher:
     async def _send_loop(self, call: grpc.aio.StreamStreamCall[bytes, pb.SinkAck]) -> None:
         delivery = self.delivery
         replayed = self.metrics.sink_replayed
+        batching = self.batching
+        max_bytes = self.settings.sink_batch_bytes
+        max_frames = self.settings.sink_batch_frames if batching else 1
         while True:
             self._wake.clear()
             batch = delivery.next_batch(_BATCH)
             if not batch:
                 await self._wake.wait()
+                if batching:
+                    # One loop turn: frames committed by callbacks already ready to run (one
+                    # TCP read often carries several messages) join this batch.
+                    await asyncio.sleep(0)
                 continue
+            parts: list[bytes] = []
+            nbytes = frames = 0
+            highest = 0
             for entry in batch:
                 out = delivery.mark_sent(entry)
                 if out is None:  # evicted (drop_oldest) since the batch was taken
                     continue
                 if out.replay:
                     replayed.inc()
-                charge = (
-                    self.governor.force(Component.EGRESS, len(out.data))
-                    if self.governor is not None
-                    else None
-                )
-                try:
-                    await call.write(out.data)
-                finally:
-                    if charge is not None:
-                        charge.release()
+                if batching:
+                    head = wire.length_prefix(_IN_BATCH_KEY, out.nbytes)
+                    parts.append(head)
+                    nbytes += len(head)
+                parts += out.parts
+                nbytes += out.nbytes
+                frames += 1
+                highest = entry.bridge_seq
                 del out
-                self._highest_sent = max(self._highest_sent, entry.bridge_seq)
-                if self._waiting_since is None:
-                    self._waiting_since = time.monotonic()
+                if frames >= max_frames or nbytes >= max_bytes:
+                    await self._write(call, parts, nbytes, highest)
+                    parts, nbytes, frames = [], 0, 0
+            if frames:
+                await self._write(call, parts, nbytes, highest)
+
+    async def _write(
+        self,
+        call: grpc.aio.StreamStreamCall[bytes, pb.SinkAck],
+        parts: list[bytes],
+        nbytes: int,
+        highest: int,
+    ) -> None:
+        """One message on the stream (a frame, or a batch of them), charged while written."""
+        charge = (
+            self.governor.force(Component.EGRESS, nbytes) if self.governor is not None else None
+        )
+        try:
+            await call.write(b"".join(parts))
+        finally:
+            if charge is not None:
+                charge.release()
+        self._highest_sent = max(self._highest_sent, highest)
+        if self._waiting_since is None:
+            self._waiting_since = time.monotonic()
 
     def _count_delivered(self, entries: list[Entry]) -> None:
         self.metrics.frames_delivered.inc(len(entries))

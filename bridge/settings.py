@@ -101,6 +101,11 @@ class Settings:
     # HTTP/2 pings on an idle push channel; gRPC servers refuse pings more often than every
     # 5 min unless they allow it (GOAWAY too_many_pings), so lower it only for sinks that do
     sink_keepalive_seconds: float = 300.0
+    # Consecutive frames per PushBatch message to the sink (bytes, frames); 0 bytes = one frame
+    # per Push message. Sinks without PushBatch get Push whatever this says.
+    sink_batch_bytes: int = 256 * 1024
+    sink_batch_frames: int = 64
+    max_batch_frames: int = 256  # frames per FrameBatch from an edge (0 = refuse batches)
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -122,7 +127,13 @@ _CHOICES = {
     "metrics_auth": ("token", "open"),
 }
 _PORTS = ("ws_port", "grpc_port", "http_port")
-_NON_NEGATIVE = ("workers", "voxel_size", "reconnect_after_ms")
+_NON_NEGATIVE = (
+    "workers",
+    "voxel_size",
+    "reconnect_after_ms",
+    "sink_batch_bytes",
+    "max_batch_frames",
+)
 
 
 def env_name(field: str) -> str:
@@ -226,9 +237,10 @@ def validate(s: Settings) -> list[str]:
     for f in fields(Settings):
         value = getattr(s, f.name)
         positive = (
-            f.name.startswith("max_")
+            (f.name.startswith("max_") and f.name not in _NON_NEGATIVE)
             or f.name.endswith("_seconds")
-            or f.name in ("ring_budget_bytes", "worker_depth", "subscriber_queue_frames")
+            or f.name
+            in ("ring_budget_bytes", "worker_depth", "subscriber_queue_frames", "sink_batch_frames")
         )
         if positive and isinstance(value, int | float) and value <= 0:
             problems.append(f"{f.name}: must be > 0")

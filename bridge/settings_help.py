@@ -72,6 +72,10 @@ HELP: dict[str, str] = {
     "max_pending_connections": "most connections that have not sent Hello yet",
     "max_telemetry_bytes": "largest telemetry payload, checked before it is parsed",
     "max_telemetry_entries": "most entries in a telemetry map",
+    "sink_batch_bytes": "bytes of consecutive frames per PushBatch message to the sink "
+    "(0 = one frame per Push message)",
+    "sink_batch_frames": "most frames per PushBatch message to the sink",
+    "max_batch_frames": "most frames an edge may put in one FrameBatch (0 = batches refused)",
     "sink_ack_timeout_seconds": "frames in flight to the sink with no ack progress for this "
     "long: the push stream is reset and replayed",
     "sink_keepalive_seconds": "HTTP/2 keepalive ping interval on an idle push channel (gRPC "

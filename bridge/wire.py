@@ -82,3 +82,21 @@ def key_byte(message: Descriptor, name: str, wire_type: int = WIRE_LEN) -> int:
 def length_prefix(key: bytes, length: int) -> bytes:
     """Key plus length of a length-delimited field whose ``length`` bytes follow."""
     return key + encode_varint(length)
+
+
+def repeated_spans(buf: bytes | memoryview, key: bytes) -> list[tuple[int, int]]:
+    """(start, end) of every ``key`` field in a message made only of that repeated
+    length-delimited field (a batch); no payload is copied. Raises ``ValueError`` on any other
+    content or a truncated value."""
+    spans = []
+    i, n, k = 0, len(buf), len(key)
+    while i < n:
+        if bytes(buf[i : i + k]) != key:
+            raise ValueError(f"unexpected field at byte {i}")
+        length, i = decode_varint(buf, i + k)
+        end = i + length
+        if end > n:
+            raise ValueError("truncated field")
+        spans.append((i, end))
+        i = end
+    return spans

@@ -11,6 +11,7 @@ keep their historical keys (``acked_delivered``, ``dropped_resend_overflow``). T
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -63,10 +64,13 @@ class LoadStats(SdkEdgeStats):
     """The SDK's counters plus latency samples (delivery time minus scheduled capture time)."""
 
     latency_ns: list[int] = field(default_factory=list)
+    #: Wall-clock time of each delivery ack (for the longest stall across edges and processes).
+    delivered_at_ns: list[int] = field(default_factory=list)
 
     def sample(self, stream_id: str, seq: int, capture_time_ns: int, now_ns: int) -> None:
         if len(self.latency_ns) < MAX_LATENCY_SAMPLES:
             self.latency_ns.append(now_ns - capture_time_ns)
+            self.delivered_at_ns.append(now_ns)
 
     @property
     def acked_accepted(self) -> int:
@@ -87,6 +91,7 @@ class LoadStats(SdkEdgeStats):
         self.close_reasons.update(other.close_reasons)
         if isinstance(other, LoadStats):
             self.latency_ns.extend(other.latency_ns)
+            self.delivered_at_ns.extend(other.delivered_at_ns)
 
     def as_dict(self) -> dict[str, Any]:
         """The report's keys (stable across the SDK move)."""
@@ -185,6 +190,9 @@ class Publisher:
         drain_timeout_s: float = 10.0,
         connect_timeout_s: float = 10.0,
         auth_token: str = "",
+        first_edge: int = 0,
+        total_edges: int = 0,
+        start_at_ns: int = 0,
     ) -> None:
         if edges < 1 or streams_per_edge < 0 or rate_hz <= 0 or duration_s < 0:
             raise ValueError("edges >= 1, streams_per_edge >= 0, rate_hz > 0, duration_s >= 0")
@@ -203,24 +211,30 @@ class Publisher:
             EdgeClient(
                 transport,
                 url,
-                f"{device_prefix}-{i}",
+                f"{device_prefix}-{first_edge + i}",
                 specs,
                 resend_buffer_bytes=resend_buffer_bytes,
                 resend_buffer_frames=resend_buffer_frames,
                 max_message_bytes=max_message_bytes,
                 auth_token=auth_token,
-                seed=seed + i,
+                seed=seed + first_edge + i,
             )
             for i in range(edges)
         ]
+        self.first_edge = first_edge
+        self.total_edges = max(total_edges, first_edge + edges)  # for the stagger
+        self.start_at_ns = start_at_ns  # wall clock; 0 = as soon as every edge is connected
         # A few distinct clouds shared by all streams: realistic content, bounded memory.
         self.clouds = [
             PreparedPayload.of(synthetic(points, seed + k, color=color).to_proto())
             for k in range(4)
         ]
         self.late_ticks = 0
+        self.ticks = 0
         self.max_lag_s = 0.0
         self.elapsed_s = 0.0
+        self.window_ns = (0, 0)  # wall clock: when publishing started and ended
+        self.cpu_s = 0.0  # this process's CPU while publishing (the generator's own cost)
 
     async def run(self) -> dict[str, Any]:
         """Connect all edges, publish for ``duration_s``, wait for delivery, close; report."""
@@ -231,16 +245,22 @@ class Publisher:
             raise
         loop = asyncio.get_running_loop()
         # One instant read on both clocks: schedule on the monotonic one, stamp with wall time.
-        t0_mono, t0_wall = loop.time() + 0.05, time.time_ns() + 50_000_000
+        # Publishers in several processes share ``start_at_ns``, so their schedules line up.
+        delay_ns = max(50_000_000, self.start_at_ns - time.time_ns())
+        t0_mono, t0_wall = loop.time() + delay_ns / 1e9, time.time_ns() + delay_ns
         period = 1.0 / self.rate_hz
+        n = self.total_edges
+        cpu0 = time.process_time()
         try:
             await asyncio.gather(
                 *(
-                    self._drive(c, t0_mono, t0_wall, i * period / len(self.clients), i)
+                    self._drive(c, t0_mono, t0_wall, (self.first_edge + i) * period / n, i)
                     for i, c in enumerate(self.clients)
                 )
             )
             self.elapsed_s = loop.time() - t0_mono
+            self.window_ns = (t0_wall, t0_wall + int(self.elapsed_s * 1e9))
+            self.cpu_s = time.process_time() - cpu0
             await asyncio.gather(*(c.wait_delivered(self.drain_timeout_s) for c in self.clients))
         finally:
             await asyncio.gather(*(c.close() for c in self.clients))
@@ -258,6 +278,7 @@ class Publisher:
                 await asyncio.sleep(-lag)
             elif lag > period:
                 self.late_ticks += 1
+            self.ticks += 1
             self.max_lag_s = max(self.max_lag_s, lag)
             scheduled_ns = t0_wall + int((due - t0_mono) * 1e9)
             for k, sid in enumerate(self.cloud_streams):
@@ -284,5 +305,25 @@ class Publisher:
             undelivered=buffered,
             late_ticks=self.late_ticks,
             max_schedule_lag_ms=round(max(0.0, self.max_lag_s) * 1e3, 3),
+            schedule_lagged=schedule_lagged(self.late_ticks, self.ticks),
+            generator_cpu_pct=round(100 * self.cpu_s / self.elapsed_s, 1) if self.elapsed_s else 0,
+            longest_stall_ms=round(longest_stall_s(total.delivered_at_ns, *self.window_ns) * 1e3),
         )
         return out
+
+
+def schedule_lagged(late_ticks: int, ticks: int) -> bool:
+    """Whether the generator itself fell behind (over 1 % of its ticks a period late): then the
+    run measured the generator, not the bridge, and its report says so."""
+    return ticks > 0 and late_ticks > 0.01 * ticks
+
+
+def longest_stall_s(delivered_at_ns: Sequence[int], start_ns: int, end_ns: int) -> float:
+    """The longest time without a single delivery while publishing (``start_ns``..``end_ns``,
+    wall clock): with work offered all along, any long gap is the bridge (or the generator)
+    standing still."""
+    if end_ns <= start_ns:
+        return 0.0
+    inside = sorted(t for t in delivered_at_ns if start_ns <= t <= end_ns)
+    marks = [start_ns, *inside, end_ns]
+    return max(b - a for a, b in itertools.pairwise(marks)) / 1e9

@@ -365,27 +365,11 @@ class KubeSimBackend(LocalBackend):
 
     async def _patch(self, body: dict[str, Any]) -> None:
         assert self.sim is not None
-        req = urllib.request.Request(
-            self.sim.url + self.pod_path + "/resize",
-            data=json.dumps(body).encode(),
-            method="PATCH",
-            headers={"Content-Type": "application/strategic-merge-patch+json"},
-        )
-        try:
-            await asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=10).read())
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"resize rejected: {exc.code} {exc.read().decode()}") from None
+        await patch_resize(self.sim.url + self.pod_path, body)
 
     async def _get_pod(self) -> dict[str, Any]:
         assert self.sim is not None
-        url = self.sim.url + self.pod_path
-
-        def get() -> dict[str, Any]:
-            with urllib.request.urlopen(url, timeout=10) as r:
-                pod: dict[str, Any] = json.loads(r.read())
-                return pod
-
-        return await asyncio.to_thread(get)
+        return await get_pod(self.sim.url + self.pod_path)
 
     async def apply(
         self,
@@ -596,3 +580,28 @@ def make_backend(name: str, cgroup_dir: Path, *, real_cpu: bool = True) -> Local
     if name == "kubectl":
         return KubectlBackend(cgroup_dir, real_cpu=real_cpu)
     raise ValueError(f"unknown backend {name!r} (have {', '.join(BACKENDS)})")
+
+
+async def patch_resize(pod_url: str, body: dict[str, Any]) -> None:
+    """PATCH the Pod's ``resize`` subresource (strategic merge) over plain HTTP."""
+    req = urllib.request.Request(
+        pod_url + "/resize",
+        data=json.dumps(body).encode(),
+        method="PATCH",
+        headers={"Content-Type": "application/strategic-merge-patch+json"},
+    )
+    try:
+        await asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=10).read())
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"resize rejected: {exc.code} {exc.read().decode()}") from None
+
+
+async def get_pod(pod_url: str) -> dict[str, Any]:
+    """GET one Pod as JSON over plain HTTP."""
+
+    def get() -> dict[str, Any]:
+        with urllib.request.urlopen(pod_url, timeout=10) as r:
+            pod: dict[str, Any] = json.loads(r.read())
+            return pod
+
+    return await asyncio.to_thread(get)

@@ -23,9 +23,10 @@ from typing import Any
 
 import grpc
 
+from bridge.batches import frames_of
+from bridge.sinkstream import serve_push
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
-from loadgen.edge import cancel_and_wait
 from loadgen.record import FrameRecord, RecordFile, SinkRecord, encode
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,18 @@ class _Servicer(bridge_pb2_grpc.VisualizationSinkServicer):
     async def Push(self, request_iterator: AsyncIterator[pb.ProcessedFrame], context: Any) -> None:
         await self._server._push(request_iterator, context)
 
+    async def PushBatch(
+        self, request_iterator: AsyncIterator[pb.ProcessedFrameBatch], context: Any
+    ) -> None:
+        server = self._server
+
+        async def counted() -> AsyncIterator[pb.ProcessedFrameBatch]:
+            async for batch in request_iterator:
+                server.push_batches += 1
+                yield batch
+
+        await server._push(frames_of(counted()), context)
+
 
 class SinkServer:
     """A VisualizationSink gRPC server on ``listen`` (port 0 = any free port).
@@ -108,6 +121,7 @@ class SinkServer:
         self.replayed = 0
         # Counters
         self.push_streams = 0
+        self.push_batches = 0  # PushBatch messages (each one or more frames)
         self.active_push_streams = 0
         self.acks_sent = 0
         self.batches = 0
@@ -127,7 +141,7 @@ class SinkServer:
         ]
         self._server = grpc.aio.server(options=opts)
         bridge_pb2_grpc.add_VisualizationSinkServicer_to_server(  # type: ignore[no-untyped-call]
-            _Servicer(self), self._server
+            self._servicer(), self._server
         )
         self.port = (
             self._server.add_secure_port(self.listen, self.server_credentials)
@@ -159,6 +173,7 @@ class SinkServer:
         rep = self.record.report()
         rep["server"] = {
             "push_streams": self.push_streams,
+            "push_batches": self.push_batches,
             "active_push_streams": self.active_push_streams,
             "batches": self.batches,
             "acks_sent": self.acks_sent,
@@ -166,45 +181,30 @@ class SinkServer:
         }
         return rep
 
+    def _servicer(self) -> bridge_pb2_grpc.VisualizationSinkServicer:
+        return _Servicer(self)
+
     # -- one Push stream --------------------------------------------------------------------
 
     async def _push(self, requests: AsyncIterator[pb.ProcessedFrame], context: Any) -> None:
         self.push_streams += 1
         self.active_push_streams += 1
-        queue: asyncio.Queue[tuple[pb.ProcessedFrame, int] | None] = asyncio.Queue(
-            maxsize=4 * self.ack_batch_frames
-        )
 
-        async def reader() -> None:
-            try:
-                async for frame in requests:
-                    await queue.put((frame, self._clock()))
-            finally:
-                await queue.put(None)
+        def acked(_high: int) -> None:
+            self.acks_sent += 1
 
-        reader_task = asyncio.create_task(reader())
         try:
-            await context.write(self._watermark_ack())
-            high = 0
-            done = False
-            while not done:
-                item = await queue.get()
-                batch: list[tuple[pb.ProcessedFrame, int]] = []
-                while item is not None:
-                    batch.append(item)
-                    if len(batch) >= self.ack_batch_frames or queue.empty():
-                        break
-                    item = queue.get_nowait()
-                done = item is None
-                if batch:
-                    high = max(high, await self._record_batch(batch))
-                    await context.write(pb.SinkAck(bridge_seq=high))
-                    self.acks_sent += 1
-            if reader_task.done() and not reader_task.cancelled() and reader_task.exception():
-                log.info("push stream ended: %s", reader_task.exception())
+            await serve_push(
+                requests,
+                context.write,
+                self._watermark_ack(),
+                self._record_batch,
+                batch_frames=self.ack_batch_frames,
+                clock_ns=self._clock,
+                on_ack=acked,
+            )
         finally:
             self.active_push_streams -= 1
-            await cancel_and_wait(reader_task)
 
     def _watermark_ack(self) -> pb.SinkAck:
         return pb.SinkAck(

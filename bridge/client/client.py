@@ -22,7 +22,21 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from bridge.client.core import DeliveryHook, EdgeCore, EdgeStats, StreamSpec
+from bridge import batches
+from bridge.client.core import (
+    CHUNK_RESTARTS,
+    DeliveryHook,
+    EdgeCore,
+    EdgeStats,
+    Entry,
+    StreamSpec,
+)
+from bridge.client.lanes import (
+    CHUNK_OVERHEAD,
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_MAX_HOLD_SECONDS,
+    LaneScheduler,
+)
 from bridge.client.payload import Payload, PreparedPayload
 from bridge.client.transport import Connection, Endpoint, TlsConfig, Transport, open_connection
 from bridge.v1 import bridge_pb2 as pb
@@ -30,6 +44,10 @@ from bridge.v1 import bridge_pb2 as pb
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: While the socket holds more than ``send_lowat_bytes`` unsent, pieces wait and the sender looks
+#: again when the excess should have drained at the link's rate, at least this long (a higher
+#: lane's frame wakes it at once).
+LINK_POLL_SECONDS = 0.002
 #: Reconnect backoff (seconds): exponential from BACKOFF_BASE, capped, with jitter.
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 5.0
@@ -75,6 +93,23 @@ class EdgeClient:
     (the load generator): publish never waits and the oldest frame of any stream is evicted.
     ``on_delivered(stream_id, seq, capture_time_ns, now_ns)`` is called once per delivered frame,
     on the event loop.
+
+    Batching (when the bridge's Welcome allows it): frames waiting to go out are sent together,
+    up to ``batch_bytes`` per message (0 = one frame per message; larger frames always go alone).
+    While traffic is dense (the previous message went out less than ``batch_linger`` seconds
+    ago) the sender waits up to ``batch_linger`` for a batch to fill; an isolated frame (e.g.
+    100 Hz telemetry with a 5 ms linger) never waits.
+
+    Slow links: frames above ``chunk_bytes`` (32 KiB) are sent in pieces and higher-priority
+    lanes (``StreamSpec.priority``; telemetry before clouds by default) go between the pieces,
+    when streams of several lanes share the connection and the link would be held longer than
+    ``lane_max_hold_seconds`` (10 ms; WebSocket estimates the link from the kernel's delivery
+    rate, gRPC always uses pieces); ``chunk_bytes=0`` sends whole frames in publish order, as
+    clients before lanes did. On WebSocket the next piece is written only once the socket holds
+    less than ``send_lowat_bytes`` unsent (also set as ``TCP_NOTSENT_LOWAT``), so a telemetry
+    frame never queues behind megabytes inside the kernel (0: no limit; gRPC's socket is not
+    visible).
+    ``StreamSpec.codec`` compresses clouds (see the README's "Slow links").
     """
 
     def __init__(
@@ -94,6 +129,11 @@ class EdgeClient:
         welcome_timeout: float = 10.0,
         # Behaviour
         wait_for_room: bool = True,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        send_lowat_bytes: int = 16 * 1024,
+        lane_max_hold_seconds: float = DEFAULT_MAX_HOLD_SECONDS,
+        batch_bytes: int = 64 * 1024,
+        batch_linger: float = 0.005,
         stats: EdgeStats | None = None,
         on_delivered: DeliveryHook | None = None,
         seed: int | None = None,
@@ -118,6 +158,16 @@ class EdgeClient:
         self.connect_timeout = connect_timeout
         self.welcome_timeout = welcome_timeout
         self.wait_for_room = wait_for_room
+        self.lanes = (
+            LaneScheduler(self.core, chunk_bytes, max_hold_seconds=lane_max_hold_seconds)
+            if chunk_bytes
+            else None
+        )
+        self.send_lowat_bytes = send_lowat_bytes if chunk_bytes else 0
+        if batch_bytes < 0 or not 0 <= batch_linger <= 1.0:
+            raise ValueError("batch_bytes >= 0 and 0 <= batch_linger <= 1 s please")
+        self.batch_bytes = batch_bytes
+        self.batch_linger = batch_linger
         #: The last Welcome (limits, resumed or not); None before the first one.
         self.welcome: pb.Welcome | None = None
         self._rng = random.Random(seed)
@@ -251,6 +301,43 @@ class EdgeClient:
 
     # -- connection loop ----------------------------------------------------------------------
 
+    def _batch_cap(self) -> int:
+        """Bytes one batch may carry (0: this bridge takes no batches or batching is off)."""
+        limits = self.welcome.limits if self.welcome else None
+        if limits is None or limits.max_batch_frames < 2 or self.batch_bytes == 0:
+            return 0
+        cap = self.batch_bytes
+        for bound in (limits.max_frame_bytes, limits.max_telemetry_bytes):
+            if bound:
+                cap = min(cap, bound - 64)  # room for the batch's own key and length
+        return cap
+
+    async def _fill_batch(
+        self, entries: list[Entry], cap: int, limit: int, *, linger: bool
+    ) -> None:
+        """Add frames waiting to be sent to ``entries`` (marked sent), within ``cap`` bytes and
+        the Welcome's frame count; waits up to ``batch_linger`` for more when ``linger``."""
+        assert self.welcome is not None
+        max_frames = self.welcome.limits.max_batch_frames
+        total = entries[0].nbytes
+        deadline = asyncio.get_running_loop().time() + self.batch_linger
+        while len(entries) < max_frames:
+            nxt = self.core.next_to_send(limit)
+            if nxt is None:
+                left = deadline - asyncio.get_running_loop().time()
+                if not linger or left <= 0:
+                    return
+                self._wake.clear()
+                if (nxt := self.core.next_to_send(limit)) is None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), left)
+                    continue
+            if total + nxt.nbytes > cap:
+                return
+            self.core.mark_sent(nxt)
+            entries.append(nxt)
+            total += nxt.nbytes
+
     def _notify(self) -> None:
         self._progress.set()
         self._progress = asyncio.Event()
@@ -266,6 +353,7 @@ class EdgeClient:
             tls=self.tls,
             max_message_bytes=self.max_message_bytes,
             connect_timeout=self.connect_timeout,
+            send_lowat_bytes=self.send_lowat_bytes,
         )
 
     async def _run(self) -> None:
@@ -346,7 +434,10 @@ class EdgeClient:
             self._wake.set()
         elif kind == "error":
             log.info("%s: bridge error %s", self.device_id, msg.error.message)
+            if self.lanes is not None and msg.error.code in CHUNK_RESTARTS:
+                self.lanes.restart(msg.error.stream_id, msg.error.seq)
             self.core.on_error(msg.error)
+            self._wake.set()
         elif kind == "drain":
             self.stats.drains += 1
             return msg.drain.reconnect_after_ms / 1000.0
@@ -355,6 +446,10 @@ class EdgeClient:
         return None
 
     async def _send_loop(self, conn: Connection) -> None:
+        if self.lanes is not None:
+            return await self._send_lanes(conn, self.lanes)
+        loop = asyncio.get_running_loop()
+        last_send = -1.0
         try:
             while True:
                 limit = self.welcome.limits.max_frame_bytes if self.welcome else 0
@@ -365,8 +460,21 @@ class EdgeClient:
                     if (entry := self.core.next_to_send(limit)) is None:
                         await self._wake.wait()
                         continue
-                await conn.send(entry.data)
+                # Marked before the await: a frame on its way out must not be evicted as unsent.
                 self.core.mark_sent(entry)
+                entries = [entry]
+                cap = self._batch_cap()
+                if entry.nbytes < cap:
+                    dense = loop.time() - last_send < self.batch_linger
+                    await self._fill_batch(entries, cap, limit, linger=dense)
+                if len(entries) > 1:
+                    self.stats.batches += 1
+                    data = batches.edge_batch([e.data for e in entries])
+                else:
+                    data = entry.data
+                await conn.send(data)
+                last_send = loop.time()
+                del data, entries, entry
                 # websockets' send() does not yield while the socket takes data.
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
@@ -375,3 +483,60 @@ class EdgeClient:
             log.debug("%s: send failed: %r", self.device_id, exc)
             with contextlib.suppress(Exception):
                 await conn.close()  # the receiver sees the end and the loop reconnects
+
+    async def _send_lanes(self, conn: Connection, lanes: LaneScheduler) -> None:
+        """The send loop with lanes: pieces of large frames, higher lanes in between. While the
+        socket holds more than ``send_lowat_bytes`` unsent, no piece is written; the loop looks
+        again when that much should have drained (or at once when a frame is published)."""
+        lanes.reset()
+        lowat = self.send_lowat_bytes
+        loop = asyncio.get_running_loop()
+        last_send = -1.0
+        try:
+            while True:
+                limit = self.welcome.limits.max_frame_bytes if self.welcome else 0
+                rate = conn.link_bytes_per_second()
+                excess = conn.unsent_bytes() - lowat if lowat else 0
+                out = lanes.next(limit, pieces=excess <= 0, link_bytes_per_second=rate)
+                if out is None:
+                    self._notify()  # next may have rejected oversized frames
+                    self._wake.clear()
+                    excess = conn.unsent_bytes() - lowat if lowat else 0
+                    out = lanes.next(limit, pieces=excess <= 0, link_bytes_per_second=rate)
+                    if out is None:
+                        poll = None
+                        if excess > 0:  # the socket drains without telling us
+                            delay = excess / rate if rate else LINK_POLL_SECONDS
+                            delay = min(max(delay, LINK_POLL_SECONDS), 0.05)
+                            poll = loop.call_later(delay, self._wake.set)
+                        await self._wake.wait()
+                        if poll is not None:
+                            poll.cancel()
+                        continue
+                data = out.data
+                if out.done is not None:
+                    # Marked before the await, as in _send_loop.
+                    self.core.mark_sent(out.done)
+                    # Small frames may share a message (never a frame that may go in pieces).
+                    cap = self._batch_cap()
+                    if lanes.mixed:
+                        cap = min(cap, lanes.chunk_bytes + CHUNK_OVERHEAD)
+                    if out.whole and out.done.nbytes < cap:
+                        entries = [out.done]
+                        dense = loop.time() - last_send < self.batch_linger
+                        await self._fill_batch(entries, cap, limit, linger=dense)
+                        if len(entries) > 1:
+                            self.stats.batches += 1
+                            data = batches.edge_batch([e.data for e in entries])
+                        del entries
+                await conn.send(data)
+                last_send = loop.time()
+                del data, out
+                # websockets' send() does not yield while the socket takes data.
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("%s: send failed: %r", self.device_id, exc)
+            with contextlib.suppress(Exception):
+                await conn.close()

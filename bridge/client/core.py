@@ -17,7 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bridge.client.payload import Kind, Payload, PreparedPayload, encode_frame
+from bridge.client.codecs import CloudCodec, codec_spec, encode_payload
+from bridge.client.payload import Kind, Payload, PreparedPayload, frame_head
+from bridge.compress import CodecSpec
 from bridge.v1 import bridge_pb2 as pb
 
 Overflow = Literal["default", "backpressure", "drop_oldest"]
@@ -27,10 +29,28 @@ _OVERFLOW = {
     "drop_oldest": pb.DROP_OLDEST,
 }
 _KINDS = {"point_cloud": pb.POINT_CLOUD, "telemetry": pb.TELEMETRY}
+Priority = Literal["default", "control", "telemetry", "bulk"]
+_PRIORITIES = {
+    "default": pb.PRIORITY_UNSPECIFIED,
+    "control": pb.PRIORITY_CONTROL,
+    "telemetry": pb.PRIORITY_TELEMETRY,
+    "bulk": pb.PRIORITY_BULK,
+}
+#: The lane of a stream that does not choose one: telemetry before clouds.
+_DEFAULT_LANE = {"point_cloud": pb.PRIORITY_BULK, "telemetry": pb.PRIORITY_TELEMETRY}
 #: Error codes that refuse one frame (``Error.seq``) for good: resending it cannot succeed.
 FRAME_REJECTIONS = frozenset(
-    {pb.INVALID_LAYOUT, pb.TOO_LARGE, pb.TOO_MANY_POINTS, pb.UNKNOWN_STREAM, pb.SEQ_REGRESSION}
+    {
+        pb.INVALID_LAYOUT,
+        pb.TOO_LARGE,
+        pb.TOO_MANY_POINTS,
+        pb.UNKNOWN_STREAM,
+        pb.SEQ_REGRESSION,
+        pb.CODEC_ERROR,
+    }
 )
+#: Error codes after which a chunked frame is sent again from its first piece.
+CHUNK_RESTARTS = frozenset({pb.CHUNK_ABANDONED, pb.CHUNK_SEQUENCE})
 #: Called with (stream_id, seq, capture_time_ns, now_ns) for every frame newly delivered.
 DeliveryHook = Callable[[str, int, int, int], None]
 
@@ -52,8 +72,19 @@ class StreamSpec:
     passthrough: bool = False
     overflow: Overflow | int = "default"
     max_points: int = 0
+    priority: Priority = "default"
+    codec: CloudCodec = "none"
+    step: float = 0.001
+    attr_step: float = 0.0
+    level: int = 0
 
     def __post_init__(self) -> None:
+        if self.priority not in _PRIORITIES:
+            raise ValueError(f"priority must be one of {sorted(_PRIORITIES)}")
+        if self.codec != "none":
+            if self.kind != "point_cloud":
+                raise ValueError("codecs apply to point-cloud streams only")
+            self.codec_spec  # noqa: B018 - validates the codec's parameters
         if not self.stream_id:
             raise ValueError("stream_id must not be empty")
         if self.kind not in _KINDS:
@@ -72,7 +103,17 @@ class StreamSpec:
     def waits_for_room(self) -> bool:
         return self.policy != pb.DROP_OLDEST
 
+    @property
+    def lane(self) -> int:
+        """The ``bridge.v1.Priority`` this stream's frames are sent with (lower goes first)."""
+        return _PRIORITIES[self.priority] or _DEFAULT_LANE[self.kind]
+
+    @property
+    def codec_spec(self) -> CodecSpec:
+        return codec_spec(self.codec, step=self.step, attr_step=self.attr_step, level=self.level)
+
     def to_proto(self) -> pb.StreamSpec:
+        codec, params = self.codec_spec.to_proto()
         return pb.StreamSpec(
             stream_id=self.stream_id,
             kind=_KINDS[self.kind],
@@ -80,6 +121,9 @@ class StreamSpec:
             passthrough=self.passthrough,
             overflow=self.policy,  # type: ignore[arg-type]
             max_points=self.max_points,
+            priority=_PRIORITIES[self.priority],
+            codec=codec,  # type: ignore[arg-type]
+            codec_params=params,
         )
 
 
@@ -91,6 +135,7 @@ class EdgeStats:
 
     published: int = 0
     sent: int = 0
+    batches: int = 0  # messages that carried more than one frame
     resent: int = 0
     accepted: int = 0
     delivered: int = 0
@@ -113,32 +158,58 @@ class EdgeStats:
 
 @dataclass(slots=True)
 class Entry:
-    """One buffered frame: the serialized ``EdgeMessage`` is sent as is, on every attempt."""
+    """One buffered frame: its small head and the (shared, immutable) prepared payload.
+
+    Why not the serialized message: joining them copies the whole payload, and under overload
+    most buffered frames are evicted before they are ever sent. The copy is made by
+    :attr:`data`, when the frame goes out.
+    """
 
     stream_id: str
     seq: int
     order: int  # global publish order: "oldest" across streams
-    data: bytes
+    head: bytes
+    payload: PreparedPayload
     capture_time_ns: int
-    payload_at: int  # where the prepared payload starts in ``data`` (for renumbering)
     transmissions: int = 0
 
     @property
     def nbytes(self) -> int:
-        return len(self.data)
+        return len(self.head) + self.payload.nbytes
+
+    @property
+    def data(self) -> bytes:
+        """The serialized ``EdgeMessage{frame}``, sent as is on every attempt."""
+        return self.head + self.payload.frame_bytes
 
 
 class StreamState:
     """Per-stream bookkeeping: ``buf`` holds unacknowledged frames in seq order, ``pending`` the
     ones not yet sent on the current connection."""
 
-    __slots__ = ("accepted", "buf", "delivered", "next_seq", "paused", "pending", "spec")
+    __slots__ = (
+        "accepted",
+        "buf",
+        "delivered",
+        "handed",
+        "next_seq",
+        "paused",
+        "pending",
+        "spec",
+        "unaccepted",
+    )
 
     def __init__(self, spec: StreamSpec) -> None:
         self.spec = spec
         self.next_seq = 1
         self.buf: dict[int, Entry] = {}
         self.pending: deque[Entry] = deque()
+        # Seqs sent at least once and not yet covered by accepted_seq: an ack counts only
+        # these, never the frames evicted unsent that its cumulative seq jumps over.
+        self.unaccepted: deque[int] = deque()
+        # (seq, capture time) of accepted frames evicted from the buffer: the bridge still
+        # delivers them, so they count as delivered then, not as dropped.
+        self.handed: deque[tuple[int, int]] = deque()
         self.accepted = 0
         self.delivered = 0
         self.paused = False
@@ -193,8 +264,10 @@ class EdgeCore:
 
     def prepare(self, stream_id: str, payload: Payload | PreparedPayload) -> PreparedPayload:
         """Encode ``payload`` for ``stream_id`` (KeyError if undeclared, TypeError if the
-        payload does not fit the stream's kind). Pure: safe to call from any thread."""
-        return PreparedPayload.of(payload, self.stream(stream_id).spec.kind)
+        payload does not fit the stream's kind), with the stream's codec. Pure: safe to call
+        from any thread."""
+        spec = self.stream(stream_id).spec
+        return encode_payload(PreparedPayload.of(payload, spec.kind), spec.codec_spec)
 
     def paused(self, stream_id: str) -> bool:
         return self.session_paused or self.stream(stream_id).paused
@@ -222,10 +295,9 @@ class EdgeCore:
         st = self.stream(stream_id)
         if payload.kind != st.spec.kind:
             raise TypeError(f"a {payload.kind} payload on {st.spec.kind} stream {stream_id!r}")
-        data = encode_frame(stream_id, st.next_seq, capture_time_ns, payload)
+        head = frame_head(stream_id, st.next_seq, capture_time_ns, payload)
         self._order += 1
-        at = len(data) - payload.nbytes
-        entry = Entry(stream_id, st.next_seq, self._order, data, capture_time_ns, at)
+        entry = Entry(stream_id, st.next_seq, self._order, head, payload, capture_time_ns)
         st.next_seq += 1
         st.buf[entry.seq] = entry
         st.pending.append(entry)
@@ -238,20 +310,45 @@ class EdgeCore:
         return entry.seq
 
     def _evict_oldest(self, newest: Entry) -> bool:
-        """Drop the oldest evictable frame. The newest frame always stays (evicting it would
-        make publish a no-op), and backpressure streams' frames stay when protected: a
-        drop_oldest stream must never cost a stream that promises not to drop."""
-        candidates = [
+        """Drop the oldest evictable frame, preferring frames never sent. The newest frame
+        always stays (evicting it would make publish a no-op), and backpressure streams'
+        frames stay when protected: a drop_oldest stream must never cost a stream that
+        promises not to drop. Why unsent first: a frame already sent may be in the bridge's
+        hands and get delivered; dropping it would count it twice (dropped and delivered) and
+        lose its resend."""
+        streams = [
             s
             for s in self.streams.values()
-            if s.buf
-            and next(iter(s.buf.values())) is not newest
-            and (not self.protect_backpressure or not s.spec.waits_for_room)
+            if not self.protect_backpressure or not s.spec.waits_for_room
         ]
-        if not candidates:
+        held: Entry | None = None  # the oldest frame the bridge already accepted
+        victim: Entry | None = None
+        oldest: Entry | None = None
+        for s in streams:
+            for e in s.buf.values():
+                if e is newest:
+                    break
+                if e.seq <= s.accepted:
+                    if held is None or e.order < held.order:
+                        held = e
+                    continue
+                if oldest is None or e.order < oldest.order:
+                    oldest = e
+                if e.transmissions == 0:
+                    if victim is None or e.order < victim.order:
+                        victim = e
+                    break
+        if held is not None:
+            # Accepted: the bridge holds it and delivers it; only its resend is given up.
+            st = self.streams[held.stream_id]
+            del st.buf[held.seq]
+            st.handed.append((held.seq, held.capture_time_ns))
+            self._forget(held)
+            return True
+        victim = victim or oldest
+        if victim is None:
             return False
-        victim = min(candidates, key=lambda s: next(iter(s.buf.values())).order)
-        entry = victim.buf.pop(next(iter(victim.buf)))
+        entry = self.streams[victim.stream_id].buf.pop(victim.seq)
         self._forget(entry)
         self.stats.dropped += 1
         return True
@@ -309,6 +406,11 @@ class EdgeCore:
             if first and state is not None:
                 self._continue_after(st, max(state.accepted_seq, state.delivered_seq))
             self._delivered(st, state.delivered_seq if state else 0, now_ns)
+            if not (welcome.resumed and state is not None):
+                # A new session lost the ring: accepted frames handed to the old one are gone.
+                lost = [h for h in st.handed if h[0] > st.delivered]
+                self.stats.dropped += len(lost)
+                st.handed.clear()
             if welcome.resumed and state is not None:
                 start = max(st.delivered, state.accepted_seq)
                 self._accepted(st, state.accepted_seq)
@@ -320,13 +422,11 @@ class EdgeCore:
         """Shift this stream's seqs (all unsent: no Welcome came before) above ``floor``."""
         if floor <= 0:
             return
-        kind = st.spec.kind
         renumbered: dict[int, Entry] = {}
         for e in st.buf.values():
-            payload = PreparedPayload(kind, e.data[e.payload_at :])
-            data = encode_frame(e.stream_id, e.seq + floor, e.capture_time_ns, payload)
-            self.buffered_bytes += len(data) - e.nbytes
-            e.seq, e.data, e.payload_at = e.seq + floor, data, len(data) - payload.nbytes
+            head = frame_head(e.stream_id, e.seq + floor, e.capture_time_ns, e.payload)
+            self.buffered_bytes += len(head) - len(e.head)
+            e.seq, e.head = e.seq + floor, head
             renumbered[e.seq] = e
         st.buf = renumbered
         st.next_seq += floor
@@ -340,9 +440,14 @@ class EdgeCore:
                 self._delivered(st, sa.delivered_seq, now_ns)
 
     def _accepted(self, st: StreamState, seq: int) -> None:
-        if seq > st.accepted:
-            self.stats.accepted += seq - st.accepted
-            st.accepted = seq
+        """Advance ``accepted_seq``; count only frames this edge sent (frames evicted unsent are
+        gaps the bridge announces, counted once as ``dropped``)."""
+        if seq <= st.accepted:
+            return
+        st.accepted = seq
+        while st.unaccepted and st.unaccepted[0] <= seq:
+            st.unaccepted.popleft()
+            self.stats.accepted += 1
 
     def _delivered(self, st: StreamState, seq: int, now_ns: int) -> None:
         """Discard buffered frames up to ``seq`` (never earlier)."""
@@ -350,6 +455,11 @@ class EdgeCore:
             return
         st.delivered = seq
         hook = self.on_delivered
+        while st.handed and st.handed[0][0] <= seq:
+            handed_seq, capture_ns = st.handed.popleft()
+            self.stats.delivered += 1
+            if hook is not None:
+                hook(st.spec.stream_id, handed_seq, capture_ns, now_ns)
         while st.buf:
             first = next(iter(st.buf))
             if first > seq:
@@ -371,21 +481,40 @@ class EdgeCore:
             st.paused = paused
 
     def on_error(self, err: pb.Error) -> None:
-        """Count the error; forget the frame it names when resending could never succeed."""
+        """Count the error; forget the frame it names when resending could never succeed, or
+        queue it again when the bridge dropped it incomplete (a chunked frame)."""
         self.stats.errors[pb.ErrorCode.Name(err.code)] += 1
         if err.code in FRAME_REJECTIONS and err.stream_id and err.seq:
             self.reject(err.stream_id, err.seq)
+        elif err.code in CHUNK_RESTARTS and err.stream_id and err.seq:
+            self.requeue(err.stream_id, err.seq)
+
+    def requeue(self, stream_id: str, seq: int) -> bool:
+        """Send a buffered frame again on this connection (in seq order); False if it is gone
+        (delivered or evicted meanwhile) or already queued."""
+        st = self.streams.get(stream_id)
+        entry = st.buf.get(seq) if st is not None else None
+        if st is None or entry is None or any(e is entry for e in st.pending):
+            return False
+        st.pending = deque(sorted((*st.pending, entry), key=lambda e: e.seq))
+        return True
 
     # -- sending ------------------------------------------------------------------------------
 
-    def next_to_send(self, max_frame_bytes: int = 0) -> Entry | None:
-        """The oldest frame not yet sent on this connection, among streams that are not paused.
+    def next_to_send(self, max_frame_bytes: int = 0, *, by_lane: bool = False) -> Entry | None:
+        """The oldest frame not yet sent on this connection, among streams that are not paused
+        (with ``by_lane``: the oldest of the highest-priority lane that has one).
 
         Frames above ``max_frame_bytes`` (the Welcome's limit, 0 = none) are rejected here:
         sending one would only get the connection closed, again after every reconnect.
         """
         if self.session_paused:
             return None
+        lanes = {sid: st.spec.lane if by_lane else 0 for sid, st in self.streams.items()}
+
+        def rank(e: Entry) -> tuple[int, int]:
+            return lanes[e.stream_id], e.order
+
         best: Entry | None = None
         for st in self.streams.values():
             if st.paused:
@@ -397,7 +526,7 @@ class EdgeCore:
                 head = st.pending.popleft()
                 if head.seq in st.buf:
                     self.reject(head.stream_id, head.seq)
-            if st.pending and (best is None or st.pending[0].order < best.order):
+            if st.pending and (best is None or rank(st.pending[0]) < rank(best)):
                 best = st.pending[0]
         return best
 
@@ -409,6 +538,8 @@ class EdgeCore:
             self.stats.resent += 1
         else:
             self.stats.sent += 1
+            if entry.seq > st.accepted:
+                st.unaccepted.append(entry.seq)
         entry.transmissions += 1
 
     def all_delivered(self) -> bool:

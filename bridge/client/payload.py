@@ -69,6 +69,7 @@ class PreparedPayload:
 
     kind: Kind
     frame_bytes: bytes
+    codec: int = 0  # the bridge.v1.Codec its PointCloud.data is encoded with (0: raw)
 
     @property
     def nbytes(self) -> int:
@@ -175,12 +176,17 @@ def _structured(
     return fields, np.ascontiguousarray(records)
 
 
-def encode_frame(stream_id: str, seq: int, capture_time_ns: int, payload: PreparedPayload) -> bytes:
-    """A serialized ``EdgeMessage{frame}``: the small header (stream, seq, time) followed by the
-    prepared payload field is exactly the encoding of the whole frame (protobuf fields may come in
-    any order), prefixed with the ``EdgeMessage.frame`` key and length."""
+def frame_head(stream_id: str, seq: int, capture_time_ns: int, payload: PreparedPayload) -> bytes:
+    """Everything of a serialized ``EdgeMessage{frame}`` before the prepared payload: the
+    ``EdgeMessage.frame`` key and length, then the small header (stream, seq, time). The header
+    followed by the payload field is exactly the encoding of the whole frame (protobuf fields may
+    come in any order)."""
     header = pb.Frame(
         stream_id=stream_id, seq=seq, capture_time_ns=capture_time_ns
     ).SerializeToString()
-    body_len = len(header) + len(payload.frame_bytes)
-    return b"".join((wire.length_prefix(_EDGE_FRAME_KEY, body_len), header, payload.frame_bytes))
+    return wire.length_prefix(_EDGE_FRAME_KEY, len(header) + len(payload.frame_bytes)) + header
+
+
+def encode_frame(stream_id: str, seq: int, capture_time_ns: int, payload: PreparedPayload) -> bytes:
+    """A serialized ``EdgeMessage{frame}`` (:func:`frame_head` plus the payload)."""
+    return frame_head(stream_id, seq, capture_time_ns, payload) + payload.frame_bytes

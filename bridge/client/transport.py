@@ -10,7 +10,11 @@ URLs: ``ws://host:port/v1/ingest``, ``wss://…``, ``grpc://host:port``, ``grpcs
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import socket
 import ssl
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -23,6 +27,10 @@ from websockets.asyncio.client import connect as ws_connect
 from bridge.v1 import bridge_pb2 as pb
 
 Transport = Literal["ws", "grpc"]
+#: Linux ioctl: bytes in a TCP socket's send queue not yet sent (``linux/sockios.h``).
+SIOCOUTQNSD = 0x894B
+#: ``tcpi_delivery_rate`` (u64, bytes/s) in Linux's ``struct tcp_info`` (since 4.9).
+_DELIVERY_RATE = 160
 _SCHEMES: dict[str, tuple[Transport, bool]] = {
     "ws": ("ws", False),
     "wss": ("ws", True),
@@ -109,6 +117,14 @@ class Connection(Protocol):
 
     async def close(self) -> None: ...
     def close_reason(self) -> str: ...
+    def unsent_bytes(self) -> int:
+        """Bytes written but not yet on the wire, as far as this transport can tell (0 when
+        it cannot)."""
+        ...
+
+    def link_bytes_per_second(self) -> float | None:
+        """The connection's recent delivery rate (None when unknown)."""
+        ...
 
 
 async def open_connection(
@@ -118,9 +134,13 @@ async def open_connection(
     tls: TlsConfig | None,
     max_message_bytes: int,
     connect_timeout: float,
+    send_lowat_bytes: int = 0,
 ) -> Connection:
     if endpoint.transport == "ws":
-        return await WsConnection.open(endpoint, token, tls, max_message_bytes, connect_timeout)
+        conn = await WsConnection.open(endpoint, token, tls, max_message_bytes, connect_timeout)
+        if send_lowat_bytes:
+            conn.limit_unsent(send_lowat_bytes)
+        return conn
     return GrpcConnection(endpoint, token, tls, max_message_bytes)
 
 
@@ -155,6 +175,39 @@ class WsConnection:
             **extra,
         )
         return cls(ws)
+
+    def limit_unsent(self, nbytes: int) -> None:
+        """Keep at most about ``nbytes`` unsent in the kernel (``TCP_NOTSENT_LOWAT``): the rest
+        waits in the client, where a higher lane can still overtake it."""
+        sock = self._ws.transport.get_extra_info("socket")
+        if sock is not None and hasattr(socket, "TCP_NOTSENT_LOWAT"):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, nbytes)
+
+    def link_bytes_per_second(self) -> float | None:
+        sock = self._ws.transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        except OSError:
+            return None
+        if len(info) < _DELIVERY_RATE + 8:
+            return None
+        rate = int.from_bytes(info[_DELIVERY_RATE : _DELIVERY_RATE + 8], sys.byteorder)
+        return float(rate) or None
+
+    def unsent_bytes(self) -> int:
+        transport = self._ws.transport
+        queued = int(transport.get_write_buffer_size())
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return queued
+        try:
+            raw = fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0")
+        except OSError:
+            return queued
+        return queued + int.from_bytes(raw, sys.byteorder, signed=True)
 
     async def send(self, data: bytes) -> None:
         await self._ws.send(data)
@@ -238,6 +291,12 @@ class GrpcConnection:
     async def close(self) -> None:
         self._call.cancel()
         await self._channel.close()
+
+    def unsent_bytes(self) -> int:
+        return 0  # gRPC's socket is not ours to look at
+
+    def link_bytes_per_second(self) -> float | None:
+        return None
 
     def close_reason(self) -> str:
         return f"grpc:{self._status or 'CANCELLED'}"

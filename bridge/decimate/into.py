@@ -110,6 +110,14 @@ def kernel_threads(workers: int, busy: int, cpus: int) -> int:
 def encode_cloud(head: pb.ProcessedFrame, cloud: pb.PointCloud, data: bytes | memoryview) -> bytes:
     """``head`` (a ProcessedFrame without point_cloud) plus ``cloud``'s metadata and ``data``,
     serialized with one copy of ``data``."""
+    return b"".join(cloud_parts(head, cloud, data))
+
+
+def cloud_parts(
+    head: pb.ProcessedFrame, cloud: pb.PointCloud, data: bytes | memoryview
+) -> tuple[bytes | memoryview, ...]:
+    """:func:`encode_cloud` before the join (``data`` is not copied; ``cloud.data`` is never
+    read, so ``cloud`` may be a frame's metadata only)."""
     meta = pb.PointCloud(point_stride=cloud.point_stride, frame_id=cloud.frame_id)
     meta.fields.extend(cloud.fields)
     if cloud.HasField("pose"):
@@ -117,8 +125,12 @@ def encode_cloud(head: pb.ProcessedFrame, cloud: pb.PointCloud, data: bytes | me
     meta_bytes = meta.SerializeToString()
     data_prefix = length_prefix(_DATA_KEY, len(data))
     inner = len(meta_bytes) + len(data_prefix) + len(data)
-    return b"".join(
-        (head.SerializeToString(), length_prefix(_CLOUD_KEY, inner), meta_bytes, data_prefix, data)
+    return (
+        head.SerializeToString(),
+        length_prefix(_CLOUD_KEY, inner),
+        meta_bytes,
+        data_prefix,
+        data,
     )
 
 
@@ -131,10 +143,13 @@ def decimate_message(
     max_points: int,
     threads: int,
     clock: Callable[[], int],
+    data: bytes | memoryview | None = None,
 ) -> bytes:
     """The serialized ProcessedFrame for a decimated cloud: ``head`` gets the decimation info
-    and processed time. Raises what the backend raises (``ValueError`` for refused frames)."""
-    data = cloud.data
+    and processed time. ``data``: the cloud's points when the caller holds them (else read from
+    ``cloud``). Raises what the backend raises (``ValueError`` for refused frames)."""
+    if data is None:
+        data = cloud.data
     info = head.decimation
     if decimator.name == "c" and max_points == 0 and _native() is not None:
         buf = worker_buffer(len(data))

@@ -41,6 +41,10 @@ class PlanSettings:
     # Memory
     reserve_fraction: float = 0.25
     headroom_bytes: int = 64 * MiB
+    # The data budget never goes below this: a limit that leaves less after the headroom takes
+    # it from the headroom, so a squeezed pod pauses and keeps its edges instead of refusing
+    # every frame and closing every connection (a held resize then resolves once usage falls).
+    min_budget_bytes: int = 16 * MiB
     unlimited_memory_cap_bytes: int = 1 * GiB
     use_memory_high: bool = True
     # CPU
@@ -61,7 +65,7 @@ class PlanSettings:
             problems.append(
                 f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
             )
-        for name in ("headroom_bytes", "unlimited_memory_cap_bytes"):
+        for name in ("headroom_bytes", "unlimited_memory_cap_bytes", "min_budget_bytes"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if self.gpu_bytes_per_point <= 0:
@@ -174,11 +178,17 @@ def _ring(
             f"memory unlimited → configured cap {format_bytes(budget)} (unlimited_memory_cap_bytes)"
         )
     else:
-        budget = max(0, limit - snap.workload.baseline_bytes - s.headroom_bytes)
+        left = limit - snap.workload.baseline_bytes - s.headroom_bytes
+        budget = max(s.min_budget_bytes, left)
         reasons["data_budget_bytes"] = (
             f"{format_bytes(limit)} limit - {format_bytes(snap.workload.baseline_bytes)} "
-            f"baseline - {format_bytes(s.headroom_bytes)} headroom = {format_bytes(budget)}"
+            f"baseline - {format_bytes(s.headroom_bytes)} headroom = {format_bytes(max(0, left))}"
         )
+        if budget > left:
+            reasons["data_budget_bytes"] += (
+                f", below the floor: {format_bytes(budget)} (min_budget_bytes, taken from the "
+                "headroom)"
+            )
     reserve = math.floor(s.reserve_fraction * budget)
     ring = budget - reserve
     reasons["reserve_bytes"] = f"{s.reserve_fraction:g} * budget = {format_bytes(reserve)}"

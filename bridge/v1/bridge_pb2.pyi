@@ -31,6 +31,19 @@ class OverflowPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BACKPRESSURE: _ClassVar[OverflowPolicy]
     DROP_OLDEST: _ClassVar[OverflowPolicy]
 
+class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRIORITY_UNSPECIFIED: _ClassVar[Priority]
+    PRIORITY_CONTROL: _ClassVar[Priority]
+    PRIORITY_TELEMETRY: _ClassVar[Priority]
+    PRIORITY_BULK: _ClassVar[Priority]
+
+class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CODEC_NONE: _ClassVar[Codec]
+    CODEC_ZSTD: _ClassVar[Codec]
+    CODEC_QUANTIZED: _ClassVar[Codec]
+
 class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
@@ -45,6 +58,9 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOO_MANY_SESSIONS: _ClassVar[ErrorCode]
     UNAUTHENTICATED: _ClassVar[ErrorCode]
     SHUTTING_DOWN: _ClassVar[ErrorCode]
+    CHUNK_SEQUENCE: _ClassVar[ErrorCode]
+    CHUNK_ABANDONED: _ClassVar[ErrorCode]
+    CODEC_ERROR: _ClassVar[ErrorCode]
 FIELD_TYPE_UNSPECIFIED: FieldType
 INT8: FieldType
 UINT8: FieldType
@@ -60,6 +76,13 @@ TELEMETRY: StreamKind
 OVERFLOW_POLICY_UNSPECIFIED: OverflowPolicy
 BACKPRESSURE: OverflowPolicy
 DROP_OLDEST: OverflowPolicy
+PRIORITY_UNSPECIFIED: Priority
+PRIORITY_CONTROL: Priority
+PRIORITY_TELEMETRY: Priority
+PRIORITY_BULK: Priority
+CODEC_NONE: Codec
+CODEC_ZSTD: Codec
+CODEC_QUANTIZED: Codec
 ERROR_CODE_UNSPECIFIED: ErrorCode
 MALFORMED: ErrorCode
 PROTOCOL_VIOLATION: ErrorCode
@@ -72,6 +95,9 @@ TOO_MANY_STREAMS: ErrorCode
 TOO_MANY_SESSIONS: ErrorCode
 UNAUTHENTICATED: ErrorCode
 SHUTTING_DOWN: ErrorCode
+CHUNK_SEQUENCE: ErrorCode
+CHUNK_ABANDONED: ErrorCode
+CODEC_ERROR: ErrorCode
 
 class PackedField(_message.Message):
     __slots__ = ("name", "offset", "type")
@@ -131,20 +157,36 @@ class Telemetry(_message.Message):
     def __init__(self, blob: _Optional[bytes] = ..., values: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class StreamSpec(_message.Message):
-    __slots__ = ("stream_id", "kind", "voxel_size", "passthrough", "overflow", "max_points")
+    __slots__ = ("stream_id", "kind", "voxel_size", "passthrough", "overflow", "max_points", "priority", "codec", "codec_params")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     VOXEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     PASSTHROUGH_FIELD_NUMBER: _ClassVar[int]
     OVERFLOW_FIELD_NUMBER: _ClassVar[int]
     MAX_POINTS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    CODEC_PARAMS_FIELD_NUMBER: _ClassVar[int]
     stream_id: str
     kind: StreamKind
     voxel_size: float
     passthrough: bool
     overflow: OverflowPolicy
     max_points: int
-    def __init__(self, stream_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., voxel_size: _Optional[float] = ..., passthrough: _Optional[bool] = ..., overflow: _Optional[_Union[OverflowPolicy, str]] = ..., max_points: _Optional[int] = ...) -> None: ...
+    priority: Priority
+    codec: Codec
+    codec_params: CodecParams
+    def __init__(self, stream_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., voxel_size: _Optional[float] = ..., passthrough: _Optional[bool] = ..., overflow: _Optional[_Union[OverflowPolicy, str]] = ..., max_points: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., codec: _Optional[_Union[Codec, str]] = ..., codec_params: _Optional[_Union[CodecParams, _Mapping]] = ...) -> None: ...
+
+class CodecParams(_message.Message):
+    __slots__ = ("step", "attr_step", "level")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ATTR_STEP_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    step: float
+    attr_step: float
+    level: int
+    def __init__(self, step: _Optional[float] = ..., attr_step: _Optional[float] = ..., level: _Optional[int] = ...) -> None: ...
 
 class ResumeState(_message.Message):
     __slots__ = ("stream_id", "delivered_seq")
@@ -182,23 +224,51 @@ class Frame(_message.Message):
     telemetry: Telemetry
     def __init__(self, stream_id: _Optional[str] = ..., seq: _Optional[int] = ..., capture_time_ns: _Optional[int] = ..., point_cloud: _Optional[_Union[PointCloud, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ...) -> None: ...
 
+class FrameChunk(_message.Message):
+    __slots__ = ("stream_id", "seq", "total_bytes", "offset", "data")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    seq: int
+    total_bytes: int
+    offset: int
+    data: bytes
+    def __init__(self, stream_id: _Optional[str] = ..., seq: _Optional[int] = ..., total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class FrameBatch(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
+
 class EdgeMessage(_message.Message):
-    __slots__ = ("hello", "frame")
+    __slots__ = ("hello", "frame", "batch", "chunk")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     FRAME_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     frame: Frame
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., frame: _Optional[_Union[Frame, _Mapping]] = ...) -> None: ...
+    batch: FrameBatch
+    chunk: FrameChunk
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., frame: _Optional[_Union[Frame, _Mapping]] = ..., batch: _Optional[_Union[FrameBatch, _Mapping]] = ..., chunk: _Optional[_Union[FrameChunk, _Mapping]] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("max_frame_bytes", "max_points", "max_streams_per_session")
+    __slots__ = ("max_frame_bytes", "max_points", "max_streams_per_session", "max_batch_frames", "max_telemetry_bytes")
     MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_POINTS_FIELD_NUMBER: _ClassVar[int]
     MAX_STREAMS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TELEMETRY_BYTES_FIELD_NUMBER: _ClassVar[int]
     max_frame_bytes: int
     max_points: int
     max_streams_per_session: int
-    def __init__(self, max_frame_bytes: _Optional[int] = ..., max_points: _Optional[int] = ..., max_streams_per_session: _Optional[int] = ...) -> None: ...
+    max_batch_frames: int
+    max_telemetry_bytes: int
+    def __init__(self, max_frame_bytes: _Optional[int] = ..., max_points: _Optional[int] = ..., max_streams_per_session: _Optional[int] = ..., max_batch_frames: _Optional[int] = ..., max_telemetry_bytes: _Optional[int] = ...) -> None: ...
 
 class StreamState(_message.Message):
     __slots__ = ("stream_id", "delivered_seq", "accepted_seq")
@@ -369,3 +439,9 @@ class SinkAck(_message.Message):
     bridge_seq: int
     watermarks: _containers.RepeatedCompositeFieldContainer[StreamWatermark]
     def __init__(self, bridge_seq: _Optional[int] = ..., watermarks: _Optional[_Iterable[_Union[StreamWatermark, _Mapping]]] = ...) -> None: ...
+
+class ProcessedFrameBatch(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[ProcessedFrame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[ProcessedFrame, _Mapping]]] = ...) -> None: ...

@@ -183,6 +183,11 @@ class VisualizationSinkStub:
                 request_serializer=bridge_dot_v1_dot_bridge__pb2.ProcessedFrame.SerializeToString,
                 response_deserializer=bridge_dot_v1_dot_bridge__pb2.SinkAck.FromString,
                 _registered_method=True)
+        self.PushBatch = channel.stream_stream(
+                '/bridge.v1.VisualizationSink/PushBatch',
+                request_serializer=bridge_dot_v1_dot_bridge__pb2.ProcessedFrameBatch.SerializeToString,
+                response_deserializer=bridge_dot_v1_dot_bridge__pb2.SinkAck.FromString,
+                _registered_method=True)
 
 
 class VisualizationSinkServicer:
@@ -194,12 +199,25 @@ class VisualizationSinkServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushBatch(self, request_iterator, context):
+        """The same protocol (watermarks first, cumulative acks by bridge_seq), many frames per
+        message. A bridge tries it first and falls back to Push on UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VisualizationSinkServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Push': grpc.stream_stream_rpc_method_handler(
                     servicer.Push,
                     request_deserializer=bridge_dot_v1_dot_bridge__pb2.ProcessedFrame.FromString,
+                    response_serializer=bridge_dot_v1_dot_bridge__pb2.SinkAck.SerializeToString,
+            ),
+            'PushBatch': grpc.stream_stream_rpc_method_handler(
+                    servicer.PushBatch,
+                    request_deserializer=bridge_dot_v1_dot_bridge__pb2.ProcessedFrameBatch.FromString,
                     response_serializer=bridge_dot_v1_dot_bridge__pb2.SinkAck.SerializeToString,
             ),
     }
@@ -229,6 +247,33 @@ class VisualizationSink:
             target,
             '/bridge.v1.VisualizationSink/Push',
             bridge_dot_v1_dot_bridge__pb2.ProcessedFrame.SerializeToString,
+            bridge_dot_v1_dot_bridge__pb2.SinkAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushBatch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/bridge.v1.VisualizationSink/PushBatch',
+            bridge_dot_v1_dot_bridge__pb2.ProcessedFrameBatch.SerializeToString,
             bridge_dot_v1_dot_bridge__pb2.SinkAck.FromString,
             options,
             channel_credentials,

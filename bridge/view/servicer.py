@@ -15,7 +15,6 @@ slow disk into HTTP/2 backpressure on the bridge instead of memory here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +22,8 @@ from typing import Any, Protocol
 
 import grpc
 
+from bridge.batches import frames_of
+from bridge.sinkstream import serve_push
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
 from bridge.view import convert
@@ -105,43 +106,23 @@ class PushSink:
         """Serve one Push stream until the bridge ends it."""
         self.push_streams += 1
         self.active_push_streams += 1
-        queue: asyncio.Queue[tuple[pb.ProcessedFrame, int] | None] = asyncio.Queue(
-            maxsize=4 * self.ack_batch_frames
-        )
 
-        async def reader() -> None:
-            try:
-                async for frame in requests:
-                    await queue.put((frame, self._clock_ns()))
-            finally:
-                await queue.put(None)
+        def acked(high: int) -> None:
+            self.acks_sent += 1
+            self.acked_bridge_seq = max(self.acked_bridge_seq, high)
 
-        reader_task = asyncio.create_task(reader(), name="view-push-reader")
         try:
-            await write_ack(self.watermark_ack())
-            high = 0
-            done = False
-            while not done:
-                item = await queue.get()
-                batch: list[tuple[pb.ProcessedFrame, int]] = []
-                while item is not None:
-                    batch.append(item)
-                    if len(batch) >= self.ack_batch_frames or queue.empty():
-                        break
-                    item = queue.get_nowait()
-                done = item is None
-                if batch:
-                    high = max(high, await self._record(batch))
-                    await write_ack(pb.SinkAck(bridge_seq=high))
-                    self.acks_sent += 1
-                    self.acked_bridge_seq = max(self.acked_bridge_seq, high)
-            if reader_task.done() and not reader_task.cancelled() and reader_task.exception():
-                log.info("push stream ended: %s", reader_task.exception())
+            await serve_push(
+                requests,
+                write_ack,
+                self.watermark_ack(),
+                self._record,
+                batch_frames=self.ack_batch_frames,
+                clock_ns=self._clock_ns,
+                on_ack=acked,
+            )
         finally:
             self.active_push_streams -= 1
-            reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader_task
 
     async def _record(self, batch: list[tuple[pb.ProcessedFrame, int]]) -> int:
         """Make the batch durable and return its highest bridge_seq; then fan the new frames out."""
@@ -182,6 +163,11 @@ class _Servicer(bridge_pb2_grpc.VisualizationSinkServicer):
 
     async def Push(self, request_iterator: AsyncIterator[pb.ProcessedFrame], context: Any) -> None:
         await self._sink.push(request_iterator, context.write)
+
+    async def PushBatch(
+        self, request_iterator: AsyncIterator[pb.ProcessedFrameBatch], context: Any
+    ) -> None:
+        await self._sink.push(frames_of(request_iterator), context.write)
 
 
 def grpc_server(

@@ -95,7 +95,9 @@ async def test_memory_decrease_below_usage_succeeds_through_cooperative_shrink(
                     and bridge.adapter.plan.memory_limit_bytes == target
                 )
             )
-            assert bridge.core.ring_capacity_per_stream <= 8 * MiB
+            # 8 MiB above baseline + 64 MiB leaves 4 MiB after the 2-frame headroom: the plan
+            # takes the 16 MiB floor instead, 12 MiB of it for admission.
+            assert bridge.core.ring_capacity_per_stream <= 12 * MiB
             assert (cgroup / "memory.max").read_text().strip() != str(target)
             # Delivery resumes; nothing new is admitted beyond the shrunk ring: usage falls.
             sink = SinkServer(listen=f"127.0.0.1:{free_port}", fsync=False)
@@ -111,7 +113,7 @@ async def test_memory_decrease_below_usage_succeeds_through_cooperative_shrink(
             assert totals["delivered"] == FRAMES + 10
             assert totals["lost"] == totals["duplicates"] == 0
             assert edge.stats.disconnects == 0
-            assert bridge.core.streams[("dev", "lidar")].ring.occupancy_bytes <= 8 * MiB
+            assert bridge.core.streams[("dev", "lidar")].ring.occupancy_bytes <= 12 * MiB
         finally:
             usage.cancel()
             await edge.close()

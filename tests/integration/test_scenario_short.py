@@ -20,14 +20,13 @@ from loadgen.scenario import builtin
 pytestmark = pytest.mark.timeout(150)
 
 
-# Known limitation (see README "Known limits"): the memory governor keeps 64 MiB + 2 x
-# max_frame_bytes of headroom above the startup baseline, so at the scenario's "memory: usage" step
-# (a limit just below the bridge's ~95 MiB usage) the data budget is 0: admission pauses, new
-# sessions are refused after a restart, and the held decrease has no ring to give back. These
-# checks were written for the plan before the governor; they need a scenario whose limits leave a
-# data budget (or a headroom measured at startup rather than fixed).
-GOVERNOR_HEADROOM = pytest.mark.xfail(
-    strict=False, reason="ci-short's 'memory: usage' step leaves the memory governor no budget"
+# The restart baseline counts one disconnect per edge per restart. On a loaded machine an edge can
+# still be reconnecting (the Drain's reconnect delay, then the new bridge's startup) when the next
+# restart comes; it is then not disconnected again (seen: 12-20 of 24 on a busy 2-core VM, never
+# a lost frame). The in-place checks have no such race.
+RESTART_RACE = pytest.mark.xfail(
+    strict=False,
+    reason="restart baseline: an edge still reconnecting at the next restart is not counted",
 )
 
 
@@ -59,7 +58,6 @@ def test_report_validates_and_says_how_cpu_was_throttled(
     print(report.render_text(rep))
 
 
-@GOVERNOR_HEADROOM
 def test_in_place_loses_nothing_and_never_disconnects(
     outcome: tuple[dict[str, Any], Path],
 ) -> None:
@@ -77,7 +75,6 @@ def test_in_place_loses_nothing_and_never_disconnects(
     assert run["bridge"]["exit_codes"] == [0]  # one bridge for the whole run, drained at the end
 
 
-@GOVERNOR_HEADROOM
 def test_in_place_resizes_are_adapted_live(outcome: tuple[dict[str, Any], Path]) -> None:
     rep, _ = outcome
     run = _run(rep, "in-place")
@@ -96,7 +93,6 @@ def test_in_place_resizes_are_adapted_live(outcome: tuple[dict[str, Any], Path])
     )
 
 
-@GOVERNOR_HEADROOM
 def test_memory_decrease_below_usage_is_held_and_planned_for_first(
     outcome: tuple[dict[str, Any], Path],
 ) -> None:
@@ -115,7 +111,7 @@ def test_memory_decrease_below_usage_is_held_and_planned_for_first(
     assert x["plan"]["memory_limit_bytes"] == x["memory_bytes"]  # planned for the new limit
 
 
-@GOVERNOR_HEADROOM
+@RESTART_RACE
 def test_restart_baseline_disconnects_every_edge_each_time(
     outcome: tuple[dict[str, Any], Path],
 ) -> None:

@@ -130,3 +130,90 @@ def test_cloud_layout_uses_the_cache_only_for_the_same_layout() -> None:
     cloud.fields[2].offset = 6  # overlaps y now: must be validated, not taken from the cache
     with pytest.raises(InvalidLayout):
         codec.cloud_layout(cloud, LIMITS, (key, layout))
+
+
+# -- large clouds split without parsing their points --------------------------------------------
+
+_names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=8)
+
+
+@st.composite
+def cloud_messages(draw: st.DrawFn) -> pb.Frame:
+    fields = [
+        pb.PackedField(name=draw(_names), offset=draw(st.integers(0, 64)), type=pb.FLOAT32)
+        for _ in range(draw(st.integers(0, 4)))
+    ]
+    cloud = pb.PointCloud(
+        point_stride=draw(st.integers(0, 2**32 - 1)),
+        fields=fields,
+        data=draw(st.binary(max_size=300)),
+        frame_id=draw(_names),
+    )
+    if draw(st.booleans()):
+        cloud.pose.CopyFrom(pb.Pose(px=draw(st.floats(allow_nan=False)), qw=1.0))
+    return pb.Frame(
+        stream_id=draw(_names),
+        seq=draw(st.integers(0, 2**64 - 1)),
+        capture_time_ns=draw(st.integers(-(2**63), 2**63 - 1)),
+        point_cloud=cloud,
+    )
+
+
+@settings(max_examples=300)
+@given(cloud_messages())
+def test_split_cloud_frame_equals_the_parser(frame: pb.Frame) -> None:
+    raw = pb.EdgeMessage(frame=frame).SerializeToString()
+    split = codec.split_cloud_frame(raw)
+    if not frame.point_cloud.data:
+        assert split is None  # no points to keep apart: parsed as usual
+        return
+    assert split is not None
+    meta, data = split
+    expected = pb.Frame()
+    expected.CopyFrom(frame)
+    expected.point_cloud.ClearField("data")
+    assert meta == expected
+    assert bytes(data) == frame.point_cloud.data
+
+
+@settings(max_examples=500)
+@given(cloud_messages(), st.integers(0, 10_000), st.binary(min_size=1, max_size=3))
+def test_split_cloud_frame_never_takes_what_the_parser_would_not(
+    frame: pb.Frame, at: int, junk: bytes
+) -> None:
+    raw = bytearray(pb.EdgeMessage(frame=frame).SerializeToString())
+    at %= len(raw)
+    raw[at : at + len(junk)] = junk  # corrupt some bytes
+    split = codec.split_cloud_frame(bytes(raw))
+    if split is None:
+        return  # the caller parses the whole message
+    parsed = pb.EdgeMessage.FromString(bytes(raw))  # the parser accepts it too ...
+    assert parsed.WhichOneof("kind") == "frame"
+    expected = pb.Frame()
+    expected.CopyFrom(parsed.frame)
+    expected.point_cloud.ClearField("data")
+    meta, data = split
+    assert meta == expected and bytes(data) == parsed.frame.point_cloud.data  # ... and agrees
+
+
+def test_split_cloud_frame_leaves_other_shapes_to_the_parser() -> None:
+    tele = pb.EdgeMessage(frame=pb.Frame(stream_id="t", seq=1, telemetry=pb.Telemetry(blob=b"x")))
+    assert codec.split_cloud_frame(tele.SerializeToString()) is None
+    hello = pb.EdgeMessage(hello=pb.Hello(device_id="d"))
+    assert codec.split_cloud_frame(hello.SerializeToString()) is None
+    cloud = pb.EdgeMessage(frame=pb.Frame(stream_id="c", seq=1, point_cloud=pb.PointCloud()))
+    raw = cloud.SerializeToString()
+    twice = raw + raw  # a repeated frame field: the parser merges, the fast path declines
+    assert codec.split_cloud_frame(twice) is None
+
+
+def test_split_cloud_frame_declines_fixed_width_fields_the_parser_keeps_as_unknown() -> None:
+    cloud = pb.PointCloud(point_stride=12, data=b"\x00" * 12).SerializeToString()
+    odd = cloud + b"\x1d\x00\x00\x00\x00"  # field 3 (data) again, as a fixed32: unknown field
+    frame = b"\x0a\x01a" + b"\x22" + bytes([len(odd)]) + odd
+    raw = b"\x12" + bytes([len(frame)]) + frame
+    assert pb.EdgeMessage.FromString(raw).frame.point_cloud.data == b"\x00" * 12
+    assert codec.split_cloud_frame(raw) is None
+    zero = b"\x05\x00\x00\x00\x00"  # field number 0: the parser refuses the message
+    frame = b"\x0a\x01a" + zero + b"\x22" + bytes([len(cloud)]) + cloud
+    assert codec.split_cloud_frame(b"\x12" + bytes([len(frame)]) + frame) is None

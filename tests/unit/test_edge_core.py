@@ -166,6 +166,22 @@ def test_open_loop_a_full_buffer_evicts_the_oldest_frame_across_streams_keeps_th
     assert core(nbytes=100).has_room(10**9)  # an empty buffer takes any frame
 
 
+def test_eviction_takes_unsent_frames_first_and_acks_count_only_sent_frames() -> None:
+    c = core(StreamSpec("a", kind="telemetry"), frames=3, protect_backpressure=False)
+    blob(c, "a")
+    blob(c, "a")
+    assert send_all(c) == [("a", 1), ("a", 2)]  # in the bridge's hands now
+    c.on_flow_control(pb.FlowControl(action=pb.FlowControl.PAUSE, stream_id="a"))
+    for _ in range(4):
+        blob(c, "a")  # paused: seqs 3..6 queue, and each new one evicts the oldest unsent
+    assert list(c.streams["a"].buf) == [1, 2, 6] and c.stats.dropped == 3
+    c.on_flow_control(pb.FlowControl(action=pb.FlowControl.RESUME, stream_id="a"))
+    assert send_all(c) == [("a", 6)]
+    c.on_ack(ack("a", 6, 6), 0)  # the bridge's cumulative seq jumps over 3..5
+    assert c.stats.accepted == c.stats.delivered == c.stats.sent == 3
+    assert c.stats.published == c.stats.delivered + c.stats.dropped
+
+
 def test_a_drop_oldest_stream_never_evicts_a_backpressure_streams_frames() -> None:
     bp = StreamSpec("bp", kind="telemetry", overflow="backpressure")
     lossy = StreamSpec("lossy", kind="telemetry", overflow="drop_oldest")

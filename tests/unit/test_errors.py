@@ -51,6 +51,10 @@ def test_errors_that_keep_the_connection_open() -> None:
         "seq_regression",
         "telemetry_too_large",
         "over_budget",
+        "chunk_sequence",
+        "chunk_too_large",
+        "chunk_abandoned",
+        "codec_error",
     }
 
 

@@ -131,8 +131,9 @@ S = PlanSettings()  # reserve 0.25, headroom 64 MiB, cap 1 GiB
         (None, None, 0, 2, GiB, 384 * MiB),
         # memory.high is lower than memory.max: it wins
         (GiB, 512 * MiB, 0, 1, 448 * MiB, 336 * MiB),
-        # limit below baseline + headroom: no budget, and no floor either
-        (100 * MiB, None, 80 * MiB, 3, 0, 0),
+        # limit below baseline + headroom: the floor (16 MiB, taken from the headroom), so a
+        # squeezed pod pauses its edges rather than refusing every frame
+        (100 * MiB, None, 80 * MiB, 3, 16 * MiB, (12 * MiB) // 3),
         # many streams: a small share, never a floor above it
         (GiB, None, 0, 1000, 960 * MiB, (720 * MiB) // 1000),
         # fair split rounds down
@@ -158,7 +159,8 @@ def test_the_demo_cut_to_86_mi_plans_what_it_can_hold() -> None:
     budget now follows the limit and no stream is promised more than its share."""
     s = PlanSettings(headroom_bytes=64 * MiB)
     plan = make_plan(snap(mem=86 * MiB, baseline=12 * MiB, streams=4), s)
-    assert plan.data_budget_bytes == 10 * MiB
+    assert plan.data_budget_bytes == 10 * MiB + 6 * MiB  # 86 - 12 - 64, raised to the floor
+    assert "below the floor" in plan.reasons["data_budget_bytes"]
     assert plan.per_stream_bytes * 4 <= plan.ring_budget_bytes < plan.data_budget_bytes
 
 

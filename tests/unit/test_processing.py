@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.core import BridgeCore
+from bridge.core import SPLIT_DATA_BYTES, BridgeCore
 from bridge.decimate import get_decimator
 from bridge.decimate._types import DecimationResult
 from bridge.processing import Processor, process_frame
@@ -150,9 +151,9 @@ async def test_a_frame_the_kernel_refuses_is_delivered_raw_and_reported() -> Non
         pool.close()
 
 
-@given(st.integers(min_value=0, max_value=3000), st.text(max_size=12))
+@given(st.integers(min_value=0, max_value=8000), st.text(max_size=12))
 def test_a_spliced_passthrough_cloud_equals_the_encoder(points: int, frame_id: str) -> None:
-    core, _ = make_core(budget=10_000_000, max_points=5000, max_frame_bytes=100_000)
+    core, _ = make_core(budget=10_000_000, max_points=10_000, max_frame_bytes=200_000)
     session = core.hello(hello(), "c").session
     frame = cloud_frame("lidar", 1, n=points)
     frame.point_cloud.frame_id = frame_id
@@ -174,5 +175,33 @@ def test_a_spliced_passthrough_cloud_equals_the_encoder(points: int, frame_id: s
     )
     joined = b"".join(parts)
     assert pb.ProcessedFrame.FromString(joined) == expected
-    cloud = frame.point_cloud.SerializeToString()
-    assert joined.endswith(cloud), "the cloud is spliced in verbatim, not re-encoded"
+    if points * 12 < SPLIT_DATA_BYTES:
+        cloud = frame.point_cloud.SerializeToString()
+        assert joined.endswith(cloud), "the cloud is spliced in verbatim, not re-encoded"
+    else:  # a large cloud's data was read out once at admission and is held once
+        assert item.data == frame.point_cloud.data
+        assert item.frame.point_cloud.data == b"" and item.frame.seq == 1
+        assert any(part is item.data for part in parts), "the data is spliced, not copied"
+
+
+def test_a_large_cloud_is_decimated_from_the_data_read_at_admission() -> None:
+    core, _ = make_core(budget=50_000_000, max_points=100_000, max_frame_bytes=2_000_000)
+    session = core.hello(hello(), "c").session
+    frame = cloud_frame("lidar", 1, n=30_000)
+    frame.point_cloud.data = (
+        np.random.default_rng(1).uniform(-20, 20, (30_000, 3)).astype("<f4").tobytes()
+    )
+    core.offer(session, frame, frame.ByteSize(), 5)
+    item = core.take_work()
+    assert item is not None and item.data is not None and item.frame.point_cloud.data == b""
+    decimator = get_decimator("c")
+    raw, _, error = process_frame(item, decimator, clock=lambda: 9)
+    assert error is None
+    assert isinstance(raw, bytes)
+    got = pb.ProcessedFrame.FromString(raw)
+    layout = item.layout
+    assert layout is not None
+    want = decimator.downsample(layout, frame.point_cloud.data, 0.1, 0)
+    assert got.point_cloud.data == bytes(want.data)
+    assert got.decimation.input_points == 30_000
+    assert got.decimation.output_points == want.points

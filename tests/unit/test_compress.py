@@ -1,0 +1,162 @@
+"""Cloud codecs (bridge.compress): lossless round trips exactly, lossy within the stated
+precision, and the decoder refuses lies and bombs before allocating."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from bridge import compress
+from bridge.client.codecs import codec_spec, encode_payload
+from bridge.client.payload import PreparedPayload
+from bridge.cloud import make_layout
+from bridge.errors import CodecError
+from bridge.v1 import bridge_pb2 as pb
+from loadgen.clouds import lidar_xyzi
+
+# x, y, z float32, a uint8 label, 3 padding bytes, intensity float64: odd offsets on purpose.
+DTYPE = np.dtype(
+    {
+        "names": ["x", "y", "z", "label", "intensity"],
+        "formats": ["<f4", "<f4", "<f4", "u1", "<f8"],
+        "offsets": [0, 4, 8, 12, 16],
+        "itemsize": 24,
+    }
+)
+FIELDS = [("x", 0, pb.FLOAT32), ("y", 4, pb.FLOAT32), ("z", 8, pb.FLOAT32)]
+FIELDS += [("label", 12, pb.UINT8), ("intensity", 16, pb.FLOAT64)]
+LAYOUT = make_layout(24, FIELDS)  # type: ignore[arg-type]
+
+coords = st.floats(-5000.0, 5000.0, allow_nan=False, width=32)
+
+
+def roundtrip(records: np.ndarray, spec: compress.CodecSpec) -> np.ndarray:
+    encoded = compress.encode(LAYOUT, records.tobytes(), spec)
+    cloud = pb.PointCloud(point_stride=24, data=encoded)
+    cloud.fields.extend(pb.PackedField(name=n, offset=o, type=t) for n, o, t in FIELDS)  # type: ignore[misc]
+    sizes = compress.decode_cloud(cloud, spec, max_points=10_000, max_bytes=1 << 20)
+    assert sizes == (len(encoded), len(records) * 24)
+    return np.frombuffer(cloud.data, DTYPE)
+
+
+@st.composite
+def finite_clouds(draw: st.DrawFn) -> np.ndarray:
+    n = draw(st.integers(0, 300))
+    out = np.zeros(n, DTYPE)
+    for name in ("x", "y", "z"):
+        out[name] = draw(hnp.arrays(np.float32, n, elements=coords))
+    out["label"] = draw(hnp.arrays(np.uint8, n))
+    out["intensity"] = draw(hnp.arrays(np.float64, n, elements=st.floats(-1e6, 1e6)))
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(records=finite_clouds())
+def test_zstd_round_trips_exactly(records: np.ndarray) -> None:
+    assert roundtrip(records, compress.CodecSpec(compress.ZSTD)).tobytes() == records.tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    records=finite_clouds(),
+    step=st.sampled_from([0.0001, 0.001, 0.01, 0.05]),
+    attr_step=st.sampled_from([0.0, 0.001, 0.5]),
+)
+def test_quantized_is_within_the_stated_precision(
+    records: np.ndarray, step: float, attr_step: float
+) -> None:
+    out = roundtrip(records, compress.CodecSpec(compress.QUANTIZED, step, attr_step))
+    for name in ("x", "y", "z"):
+        original = records[name].astype(np.float64)
+        # step / 2, plus the float32 rounding of the decoded value itself
+        bound = step / 2 + np.spacing(np.abs(original).astype(np.float32)).astype(np.float64)
+        assert (np.abs(out[name].astype(np.float64) - original) <= bound * 1.0001).all(), name
+    assert np.array_equal(out["label"], records["label"])  # integer fields: always exact
+    if attr_step == 0:
+        assert np.array_equal(out["intensity"], records["intensity"])
+    else:
+        err = np.abs(out["intensity"] - records["intensity"])
+        assert (err <= attr_step / 2 + 1e-9 * np.abs(records["intensity"])).all()
+
+
+def test_lidar_ratios_meet_the_targets() -> None:
+    cloud = lidar_xyzi(100_000, seed=1)
+    layout = make_layout(cloud.stride, cloud.layout_triples())
+    size = {
+        name: len(compress.encode(layout, cloud.data, spec))
+        for name, spec in {
+            "zstd": compress.CodecSpec(compress.ZSTD),
+            "lossy": compress.CodecSpec(compress.QUANTIZED, 0.001, 1 / 256),
+        }.items()
+    }
+    assert len(cloud.data) / size["zstd"] >= 1.3
+    assert len(cloud.data) / size["lossy"] >= 4.0
+
+
+def test_non_finite_or_huge_coordinates_are_refused_at_the_edge() -> None:
+    records = np.zeros(3, DTYPE)
+    records["x"][1] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        compress.encode(LAYOUT, records.tobytes(), compress.CodecSpec(compress.QUANTIZED, 0.001))
+    records["x"][1] = 3e6  # 3e9 steps of 1 mm: past MAX_QUANTUM
+    with pytest.raises(ValueError, match="steps"):
+        compress.encode(LAYOUT, records.tobytes(), compress.CodecSpec(compress.QUANTIZED, 0.001))
+
+
+def _cloud(data: bytes) -> pb.PointCloud:
+    cloud = pb.PointCloud(point_stride=24, data=data)
+    cloud.fields.extend(pb.PackedField(name=n, offset=o, type=t) for n, o, t in FIELDS)  # type: ignore[misc]
+    return cloud
+
+
+@pytest.mark.parametrize("codec", [compress.ZSTD, compress.QUANTIZED])
+def test_the_decoder_refuses_garbage_lies_and_bombs(codec: int) -> None:
+    spec = compress.CodecSpec(codec, 0.001 if codec == compress.QUANTIZED else 0.0)
+    records = np.zeros(1000, DTYPE).tobytes()
+    good = compress.encode(LAYOUT, records, spec)
+    with pytest.raises(CodecError):  # too many points for the limit: refused before inflating
+        compress.decode_cloud(_cloud(good), spec, max_points=999, max_bytes=1 << 30)
+    with pytest.raises(CodecError):
+        compress.decode_cloud(_cloud(good), spec, max_points=10**6, max_bytes=1000 * 24 - 1)
+    with pytest.raises(CodecError):
+        compress.decode_cloud(_cloud(b"\x00" * 40), spec, 10**6, 1 << 30)
+    with pytest.raises(CodecError):
+        compress.decode_cloud(_cloud(good[:-5]), spec, 10**6, 1 << 30)
+    # A zstd frame whose header says less than it inflates to (a bomb) is refused.
+    bomb = zstandard.ZstdCompressor(write_content_size=False).compress(b"\x00" * (1 << 24))
+    with pytest.raises(CodecError):
+        compress.decode_cloud(_cloud(bomb), spec, 10**6, 1 << 30)
+
+
+def test_stream_specs_are_validated() -> None:
+    def spec(**kw: object) -> pb.StreamSpec:
+        return pb.StreamSpec(stream_id="s", kind=pb.POINT_CLOUD, **kw)  # type: ignore[arg-type]
+
+    assert compress.spec_of(spec()) is compress.RAW
+    assert compress.spec_of(spec(codec=pb.CODEC_ZSTD)).level == compress.DEFAULT_LEVEL
+    for bad in (
+        spec(codec=pb.CODEC_QUANTIZED),  # no step
+        spec(codec=pb.CODEC_QUANTIZED, codec_params=pb.CodecParams(step=-1)),
+        spec(codec=pb.CODEC_QUANTIZED, codec_params=pb.CodecParams(step=1, attr_step=-1)),
+        spec(codec=99),  # type: ignore[arg-type]
+        pb.StreamSpec(stream_id="t", kind=pb.TELEMETRY, codec=pb.CODEC_ZSTD),
+    ):
+        with pytest.raises(CodecError):
+            compress.spec_of(bad)
+
+
+def test_the_sdk_encodes_a_prepared_cloud_once() -> None:
+    cloud = lidar_xyzi(1000, seed=2)
+    raw = PreparedPayload.of(cloud.to_proto())
+    spec = codec_spec("zstd")
+    encoded = encode_payload(raw, spec)
+    assert encoded.codec == compress.ZSTD and encoded.nbytes < raw.nbytes
+    assert encode_payload(encoded, spec) is encoded
+    with pytest.raises(ValueError, match="encoded with codec"):
+        encode_payload(encoded, codec_spec("quantized", step=0.01))
+    with pytest.raises(ValueError):
+        codec_spec("draco")
