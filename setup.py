@@ -144,6 +144,8 @@ if MODE != "no":
                     "cpu_wide",
                     "cpu_team",
                     "cpu_scratch",
+                    "cpu_hash",
+                    "cpu_estimate",
                 )
             ],
             include_dirs=[NATIVE],

@@ -40,6 +40,7 @@ from benchmarks.decimate_peers import (
     ratio_summary,
     read_frame,
     service_timed,
+    service_vs_bare,
     use_cpu_time,
 )
 from bridge.cloud import CloudLayout, make_layout
@@ -271,6 +272,8 @@ class Report:
     env: dict[str, Any]
     rows: list[Row] = field(default_factory=list)
     gil: list[GilRow] = field(default_factory=list)
+    #: case -> in-service / bare kernel time, one thread, calls interleaved
+    service_ratio: dict[str, float] = field(default_factory=dict)
 
 
 def bench_case(
@@ -508,6 +511,10 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
         line = ratio_summary(rows)
         if line:
             emit(line)
+        if "service" in wanted and available_backends()["c"] is None:
+            ratio = service_vs_bare(case.layout, case.data, case.voxel, 3 * repeats)
+            report.service_ratio[case.name] = ratio
+            emit(f"  {case.name}: c x1 service / bare, calls interleaved: {ratio:.2f}x time")
         counts = {r.out_points for r in rows if r.method not in ("o3d legacy", "pcl voxelgrid")}
         if len(counts) > 1:
             emit(f"{'':<30} WARNING: output counts differ: {sorted(counts)}")
@@ -579,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
                     "env": report.env,
                     "results": [asdict(r) for r in report.rows],
                     "gil": [asdict(g) for g in report.gil],
+                    "service_vs_bare": report.service_ratio,
                 },
                 indent=2,
             )

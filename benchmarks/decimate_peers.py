@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -99,14 +100,10 @@ def pcl_timed(
     return run
 
 
-def service_timed(
-    layout: CloudLayout, data: bytes, voxel: float, threads: int, repeats: int
-) -> Timed:
-    """The bridge worker's whole job for one frame (``processing.process_frame``): the parsed
-    Frame in, the serialized ProcessedFrame out, C backend, ``threads`` kernel threads."""
+def _service_item(layout: CloudLayout, data: bytes, voxel: float) -> Any:
+    """A work item as a worker gets it: a large cloud's header apart from a view of its points
+    in the wire bytes (codec.split_cloud_frame), a small one parsed."""
     from bridge.codec import split_cloud_frame
-    from bridge.decimate import get_decimator
-    from bridge.processing import process_frame
     from bridge.v1 import bridge_pb2 as pb
 
     frame = pb.Frame(stream_id="bench", seq=1, capture_time_ns=1)
@@ -115,8 +112,6 @@ def service_timed(
     pc.data = data
     for f in layout.fields:
         pc.fields.add(name=f.name, offset=f.offset, type=int(f.type))
-    # As a worker gets it: a large cloud's header apart from a view of its points in the wire
-    # bytes (codec.split_cloud_frame), a small one parsed.
     split = split_cloud_frame(pb.EdgeMessage(frame=frame).SerializeToString())
     points = None
     if split is not None:
@@ -125,7 +120,7 @@ def service_timed(
         frame = pb.Frame.FromString(frame.SerializeToString())
     config = SimpleNamespace(voxel_size=voxel, max_points=0, passthrough=False)
     stream = SimpleNamespace(stream_id="bench", device_id="bench", config=config, key=("b", "b"))
-    item: Any = SimpleNamespace(
+    return SimpleNamespace(
         stream=stream,
         entry=SimpleNamespace(ingest_ns=1),
         frame=frame,
@@ -133,6 +128,48 @@ def service_timed(
         points=len(data) // layout.stride,
         data=points,
     )
+
+
+def service_vs_bare(layout: CloudLayout, data: bytes, voxel: float, repeats: int) -> float:
+    """In-service time over bare-kernel time for one frame, one kernel thread, the two calls
+    alternating so that load from other processes hits both alike (the separate rows are
+    timed minutes apart on a shared machine): median over median of ``repeats`` pairs."""
+    from bridge.decimate import _native, get_decimator
+    from bridge.decimate.native_table import field_table
+    from bridge.processing import process_frame
+
+    item = _service_item(layout, data, voxel)
+    decimator = get_decimator("c", threads=1)
+    table, out = field_table(layout), bytearray(len(data))
+
+    def bare() -> None:
+        _native.downsample_into(data, layout.stride, table, voxel, out, 1)
+
+    def service() -> None:
+        process_frame(item, decimator, threads=1)
+
+    bare()  # warm-up: scratch, per-thread buffers
+    service()
+    times: dict[str, list[float]] = {"bare": [], "service": []}
+    now = CLOCK["now"]
+    for _ in range(max(5, repeats)):
+        for name, call in (("bare", bare), ("service", service)):
+            t0 = now()
+            call()
+            times[name].append(now() - t0)
+    return statistics.median(times["service"]) / statistics.median(times["bare"])
+
+
+def service_timed(
+    layout: CloudLayout, data: bytes, voxel: float, threads: int, repeats: int
+) -> Timed:
+    """The bridge worker's whole job for one frame (``processing.process_frame``): the parsed
+    Frame in, the serialized ProcessedFrame out, C backend, ``threads`` kernel threads."""
+    from bridge.decimate import get_decimator
+    from bridge.processing import process_frame
+    from bridge.v1 import bridge_pb2 as pb
+
+    item = _service_item(layout, data, voxel)
     decimator = get_decimator("c", threads=threads)
 
     def run() -> tuple[float, int]:

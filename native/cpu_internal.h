@@ -4,7 +4,8 @@
  *
  * Files: voxel_cpu.c (entry point, bounds, path choice), cpu_sorted.c (the radix-sort
  * path), cpu_dense.c (coarse grids: counting, no sort), cpu_wide.c (keys wider than 64
- * bits), cpu_scratch.c (cached scratch memory).
+ * bits), cpu_hash.c (one thread, few voxels: hash-accumulate), cpu_estimate.c (voxel count
+ * from a sample), cpu_scratch.c (cached scratch memory), cpu_team.c (helper threads).
  */
 #ifndef SBV_CPU_INTERNAL_H
 #define SBV_CPU_INTERNAL_H
@@ -30,6 +31,18 @@
 #ifndef SBV_DENSE_CELLS_PER_POINT
 #define SBV_DENSE_CELLS_PER_POINT 0.75
 #endif
+/* Hash path (cpu_hash.c, one thread): taken when the estimated voxel count is at most half
+ * this (sbv_hash_voxels_max changes it at run time); gives up past it. */
+#ifndef SBV_HASH_MAX_VOXELS
+#define SBV_HASH_MAX_VOXELS ((size_t)1 << 17)
+#endif
+#define SBVI_HASH_FULL (-1)
+#define SBVI_EMPTY_KEY UINT64_MAX              /* no voxel: an empty slot, a dropped point */
+#define SBVI_FB 21                             /* fused keys: bits per axis... */
+#define SBVI_FBIAS ((int64_t)1 << (SBVI_FB - 1)) /* ...biased by 2^20 */
+static inline uint64_t sbvi_mix(uint64_t key) { return key * 0x9E3779B97F4A7C15ull; }
+/* Estimate up to which the hash table stays in L2: no pipeline (and worth one thread of two). */
+#define SBV_HASH_DIRECT_VOXELS 16384
 #define SBV_DENSE_MAX_CELLS ((size_t)1 << 22)
 #define SBV_DENSE_MAX_HIST_BYTES ((size_t)64 << 20)
 
@@ -62,6 +75,7 @@ struct job {
     /* key packing */
     int64_t kmin[3];
     int by, bz, ib, kb, top_bits, top_shift;
+    int keys_i32; /* sorted path: float32 keys that fit int32 (vector key computation) */
     uint64_t idx_mask;
     size_t nbuckets;
     size_t *hist;       /* nt * nbuckets, then offsets */
@@ -182,6 +196,9 @@ static inline size_t sbvi_slots(const sbv_cloud *in, uint32_t *slot_of) {
 SBV_INTERNAL int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t err_len);
 SBV_INTERNAL int sbvi_dense_fits(job_t *job, const double klo[3], const double khi[3], size_t nf);
 SBV_INTERNAL int sbvi_run_dense(job_t *job, size_t cap, size_t *out_points, char *err, size_t err_len);
+SBV_INTERNAL size_t sbvi_hash_estimate(job_t *job, int fused, size_t most);
+SBV_INTERNAL int sbvi_run_hash(job_t *job, int fused, size_t estimate, size_t cap, size_t *out_points,
+                               char *err, size_t err_len);
 SBV_INTERNAL int sbvi_run_wide(job_t *job, size_t nf, size_t cap, size_t *out_points, char *err,
                                size_t err_len);
 

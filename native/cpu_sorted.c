@@ -33,20 +33,60 @@ static void phase_pack(job_t *job, int t) {
     const int top_shift = job->top_shift;
     const int64_t kmin0 = job->kmin[0], kmin1 = job->kmin[1], kmin2 = job->kmin[2];
     const int by = job->by, bz = job->bz, ib = job->ib;
-    if (job->plan.xyz_packed && job->kb + ib < 64) {
+    if (job->plan.xyz_f32 && job->kb + ib < 64 && job->chunk[t + 1] - job->chunk[t] < UINT32_MAX) {
+        /* Four-byte loads (a 12-byte memcpy went through the stack and stalled), and two
+         * histograms used alternately: neighbouring points share a top digit, and a single
+         * counter would chain every increment through a store and a reload. */
+        uint32_t h2[2][1 << SBV_TOP_BITS]; /* 16 KB */
+        memset(h2[0], 0, job->nbuckets * sizeof h2[0][0]);
+        memset(h2[1], 0, job->nbuckets * sizeof h2[1][0]);
+        uint32_t *h2a = h2[0], *h2b = h2[1];
         const float v = job->plan.voxel_f;
-        const unsigned char *xp = job->data + job->chunk[t] * stride + job->plan.x_off;
-        for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, xp += stride) {
-            float p[3];
-            memcpy(p, xp, 12);
-            if (!(isfinite(p[0]) && isfinite(p[1]) && isfinite(p[2]))) continue;
-            uint64_t ux = (uint64_t)(floor_i64(p[0] / v) - kmin0);
-            uint64_t uy = (uint64_t)(floor_i64(p[1] / v) - kmin1);
-            uint64_t uz = (uint64_t)(floor_i64(p[2] / v) - kmin2);
-            uint64_t item = ((((ux << by) | uy) << bz | uz) << ib) | (uint64_t)i;
-            *dst++ = item;
-            hist[shr(item, top_shift)]++;
+        const uint32_t xo = job->plan.x_off, yo = job->plan.y_off, zo = job->plan.z_off;
+        const unsigned char *rec = job->data + job->chunk[t] * stride;
+        if (job->keys_i32) {
+            /* one SSE division for the three axes (divss is the slowest step of a scalar key) */
+            typedef float v4f __attribute__((vector_size(16)));
+            typedef uint32_t v4u __attribute__((vector_size(16)));
+            typedef int32_t v4i __attribute__((vector_size(16)));
+            const v4f vv = {v, v, v, 1.0f};
+            const v4u km = {(uint32_t)kmin0, (uint32_t)kmin1, (uint32_t)kmin2, 0};
+            for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, rec += stride) {
+                float x, y, z;
+                memcpy(&x, rec + xo, 4);
+                memcpy(&y, rec + yo, 4);
+                memcpy(&z, rec + zo, 4);
+                if (!(isfinite(x) && isfinite(y) && isfinite(z))) continue;
+                const v4f q = (v4f){x, y, z, 0.0f} / vv;
+                const v4i tr = __builtin_convertvector(q, v4i);
+                const v4u u = (v4u)tr + (v4u)(__builtin_convertvector(tr, v4f) > q) - km;
+                const uint64_t item =
+                    ((((uint64_t)u[0] << by | u[1]) << bz | u[2]) << ib) | (uint64_t)i;
+                *dst++ = item;
+                h2a[shr(item, top_shift)]++;
+                uint32_t *sw = h2a;
+                h2a = h2b;
+                h2b = sw;
+            }
+        } else {
+            for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, rec += stride) {
+                float x, y, z;
+                memcpy(&x, rec + xo, 4);
+                memcpy(&y, rec + yo, 4);
+                memcpy(&z, rec + zo, 4);
+                if (!(isfinite(x) && isfinite(y) && isfinite(z))) continue;
+                uint64_t ux = (uint64_t)(floor_i64(x / v) - kmin0);
+                uint64_t uy = (uint64_t)(floor_i64(y / v) - kmin1);
+                uint64_t uz = (uint64_t)(floor_i64(z / v) - kmin2);
+                uint64_t item = ((((ux << by) | uy) << bz | uz) << ib) | (uint64_t)i;
+                *dst++ = item;
+                h2a[shr(item, top_shift)]++;
+                uint32_t *sw = h2a;
+                h2a = h2b;
+                h2b = sw;
+            }
         }
+        for (size_t b = 0; b < job->nbuckets; b++) hist[b] = (size_t)h2[0][b] + h2[1][b];
         return;
     }
     for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++) {
@@ -83,20 +123,35 @@ static void radix_bucket(uint64_t *a, uint64_t *b, size_t n, int lo_bit, int bit
         }
         return;
     }
+    /* Digits of at most 9 bits, as even as possible (17 key bits: 9 + 8, two passes rather
+     * than 8 + 8 + 1), and every digit's histogram from one read. */
+    enum { MAXD = 8, MAXW = 9 };
+    const int passes = (bits + MAXW - 1) / MAXW;
+    int width[MAXD], shift[MAXD];
+    for (int p = 0, at = lo_bit, left = bits; p < passes; p++) {
+        width[p] = (left + (passes - p) - 1) / (passes - p);
+        shift[p] = at;
+        at += width[p];
+        left -= width[p];
+    }
+    size_t count[MAXD][1 << MAXW];
+    for (int p = 0; p < passes; p++) memset(count[p], 0, ((size_t)1 << width[p]) * sizeof count[p][0]);
+    for (size_t i = 0; i < n; i++)
+        for (int p = 0; p < passes; p++)
+            count[p][(a[i] >> shift[p]) & (((uint64_t)1 << width[p]) - 1)]++;
     uint64_t *src = a, *dst = b;
-    for (int shift = lo_bit; shift < lo_bit + bits; shift += 8) {
-        int width = lo_bit + bits - shift < 8 ? lo_bit + bits - shift : 8;
-        uint64_t mask = ((uint64_t)1 << width) - 1;
-        size_t count[256] = {0};
-        for (size_t i = 0; i < n; i++) count[(src[i] >> shift) & mask]++;
-        if (count[(src[0] >> shift) & mask] == n) continue; /* one digit value: nothing to do */
+    for (int p = 0; p < passes; p++) {
+        const uint64_t mask = ((uint64_t)1 << width[p]) - 1;
+        const int sh = shift[p];
+        size_t *c = count[p];
+        if (c[(src[0] >> sh) & mask] == n) continue; /* one digit value: nothing to do */
         size_t sum = 0;
         for (size_t d = 0; d <= mask; d++) {
-            size_t c = count[d];
-            count[d] = sum;
-            sum += c;
+            const size_t k = c[d];
+            c[d] = sum;
+            sum += k;
         }
-        for (size_t i = 0; i < n; i++) dst[count[(src[i] >> shift) & mask]++] = src[i];
+        for (size_t i = 0; i < n; i++) dst[c[(src[i] >> sh) & mask]++] = src[i];
         uint64_t *swap = src;
         src = dst;
         dst = swap;
@@ -135,6 +190,11 @@ static void phase_reduce(job_t *job, int t) {
     /* the common lidar layout (float32 x, y, z and nothing else to average): no field loop */
     const int xyz_only = job->plan.xyz_packed && in->n_fields == 3;
     const uint32_t x_off = job->plan.x_off;
+    const sbv_plan *pl = &job->plan;
+    uint32_t col_off = UINT32_MAX; /* set when the fields are float32 x, y, z and one colour */
+    if (pl->xyz_f32 && in->n_fields == 4)
+        for (size_t f = 0; f < 4; f++)
+            if (in->fields[f].role == SBV_ROLE_COLOR) col_off = in->fields[f].offset;
     while (s < end) {
         const uint64_t key = shr(a[s], ib);
         size_t e = s + 1;
@@ -148,16 +208,42 @@ static void phase_reduce(job_t *job, int t) {
         if (xyz_only) {
             double sx = 0.0, sy = 0.0, sz = 0.0;
             for (size_t j = s; j < e; j++) {
-                float p[3];
-                memcpy(p, data + (a[j] & mask) * stride + x_off, 12);
-                sx += (double)p[0];
-                sy += (double)p[1];
-                sz += (double)p[2];
+                const unsigned char *rec = data + (a[j] & mask) * stride + x_off;
+                float x, y, z; /* 4-byte loads: a 12-byte memcpy stalls through the stack */
+                memcpy(&x, rec, 4);
+                memcpy(&y, rec + 4, 4);
+                memcpy(&z, rec + 8, 4);
+                sx += (double)x;
+                sy += (double)y;
+                sz += (double)z;
             }
             const double c = (double)(e - s);
             float m[3] = {(float)(sx / c), (float)(sy / c), (float)(sz / c)};
             memset(out, 0, stride);
             memcpy(out + x_off, m, 12);
+        } else if (col_off != UINT32_MAX) {
+            /* float32 x, y, z and one packed colour (RGB-D frames): one gather per point */
+            double sx = 0.0, sy = 0.0, sz = 0.0;
+            int64_t c[4] = {0, 0, 0, 0};
+            for (size_t j = s; j < e; j++) {
+                const unsigned char *rec = data + (a[j] & mask) * stride;
+                float x, y, z;
+                memcpy(&x, rec + pl->x_off, 4);
+                memcpy(&y, rec + pl->y_off, 4);
+                memcpy(&z, rec + pl->z_off, 4);
+                sx += (double)x;
+                sy += (double)y;
+                sz += (double)z;
+                c[0] += rec[col_off];
+                c[1] += rec[col_off + 1];
+                c[2] += rec[col_off + 2];
+                c[3] += rec[col_off + 3];
+            }
+            memset(out, 0, stride);
+            sbv_store_float(out + pl->x_off, SBV_FLOAT32, sx, e - s);
+            sbv_store_float(out + pl->y_off, SBV_FLOAT32, sy, e - s);
+            sbv_store_float(out + pl->z_off, SBV_FLOAT32, sz, e - s);
+            sbv_store_color(out + col_off, c, e - s);
         } else {
             sbv_reduce_voxel(data, stride, in->fields, in->n_fields, a + s, e - s, mask, out);
         }
@@ -173,6 +259,12 @@ int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t
     double sbv_t0 = sbv_now();
 #endif
     job->top_bits = job->kb < SBV_TOP_BITS ? job->kb : SBV_TOP_BITS;
+    job->keys_i32 = job->plan.xyz_f32;
+    for (int a = 0; a < 3; a++) { /* every key and its truncation fit int32: vector keys */
+        const int bits = a == 0 ? job->kb - job->by - job->bz : a == 1 ? job->by : job->bz;
+        job->keys_i32 = job->keys_i32 && bits < 30 && job->kmin[a] >= -((int64_t)1 << 30) &&
+                        job->kmin[a] + ((int64_t)1 << bits) <= ((int64_t)1 << 30);
+    }
     job->top_shift = job->ib + job->kb - job->top_bits;
     job->nbuckets = (size_t)1 << job->top_bits;
     size_t hist_words = (size_t)nt * job->nbuckets + job->nbuckets + 1;

@@ -105,6 +105,12 @@ int sbv_abi_version(void);
 size_t sbv_scratch_keep(size_t bytes);
 void sbv_release_scratch(void);
 
+/* CPU: one-thread calls whose estimated voxel count is at most this many hash-accumulate
+ * instead of sorting points (native/README.md); the rest, or a cloud that turns out to have
+ * more voxels, take the radix path. Same output either way. Sets the limit (0: never hash)
+ * and returns the previous one; SIZE_MAX only reads it. For tests and tuning. */
+size_t sbv_hash_voxels_max(size_t voxels);
+
 #ifdef __cplusplus
 }
 #endif

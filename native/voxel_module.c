@@ -186,6 +186,22 @@ static PyObject *py_scratch_keep(PyObject *self, PyObject *args) {
     return PyLong_FromSize_t(sbv_scratch_keep(bytes));
 }
 
+static PyObject *py_hash_voxels_max(PyObject *self, PyObject *args) {
+    PyObject *arg = Py_None;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "|O:hash_voxels_max", &arg)) return NULL;
+    size_t voxels = SIZE_MAX;
+    if (arg != Py_None) {
+        voxels = PyLong_AsSize_t(arg);
+        if ((voxels == (size_t)-1 && PyErr_Occurred()) || voxels == SIZE_MAX) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "hash_voxels_max takes a voxel count >= 0 or None");
+            return NULL;
+        }
+    }
+    return PyLong_FromSize_t(sbv_hash_voxels_max(voxels));
+}
+
 static PyMethodDef methods[] = {
     {"downsample", (PyCFunction)(void (*)(void))py_downsample, METH_VARARGS | METH_KEYWORDS, downsample_doc},
     {"downsample_into", (PyCFunction)(void (*)(void))py_downsample_into, METH_VARARGS | METH_KEYWORDS,
@@ -194,6 +210,9 @@ static PyMethodDef methods[] = {
      "Free the calling thread's cached kernel scratch memory (kept between calls otherwise)."},
     {"scratch_keep", py_scratch_keep, METH_VARARGS,
      "scratch_keep(bytes=None) -> int: set the per-thread cached scratch limit; returns the old one."},
+    {"hash_voxels_max", py_hash_voxels_max, METH_VARARGS,
+     "hash_voxels_max(voxels=None) -> int: set the one-thread hash path's voxel limit (0: off); "
+     "returns the old one. Same output either way: for tests and tuning."},
     {"cpu_count", py_cpu_count, METH_NOARGS, "Online CPUs (a default for the kernel's threads)."},
     {NULL, NULL, 0, NULL},
 };

@@ -12,6 +12,10 @@ def cpu_count() -> int:
 def scratch_keep(bytes: int | None = None, /) -> int:
     """Set the per-thread cached scratch limit in bytes (None: only read); returns the old one."""
 
+def hash_voxels_max(voxels: int | None = None, /) -> int:
+    """Set the one-thread hash path's voxel limit (0: never; None: only read); returns the old
+    one. The output is the same either way: for tests and tuning."""
+
 def release_scratch() -> None:
     """Free the calling thread's cached kernel scratch memory."""
 

@@ -42,12 +42,39 @@ def worker_buffer(nbytes: int) -> bytearray:
     return buf
 
 
+_NATIVE: list[Any] = []  # the extension module once imported (None: not built)
+
+
 def _native() -> Any:
-    try:
-        from bridge.decimate import _native
-    except ImportError:
-        return None
-    return _native
+    """The C extension, imported once (an import statement per frame showed in the profile)."""
+    if not _NATIVE:
+        mod: Any = None
+        try:
+            from bridge.decimate import _native as ext
+        except ImportError:
+            pass
+        else:
+            mod = ext
+        _NATIVE.append(mod)
+    return _NATIVE[0]
+
+
+_TABLES: dict[int, tuple[CloudLayout, tuple[tuple[int, int, int], ...], bool]] = {}
+
+
+def _kernel_table(layout: CloudLayout) -> tuple[tuple[tuple[int, int, int], ...], bool]:
+    """The kernel's field table and whether keys are float32, per layout. Keyed by identity:
+    a stream keeps one layout object frame after frame, and hashing the nested frozen
+    dataclass cost more than the lookup saves. Bounded; the entry holds the layout alive so
+    its id cannot be reused while cached."""
+    hit = _TABLES.get(id(layout))
+    if hit is not None and hit[0] is layout:
+        return hit[1], hit[2]
+    if len(_TABLES) >= 256:
+        _TABLES.clear()
+    entry = (layout, field_table(layout), keys_in_float32(layout))
+    _TABLES[id(layout)] = entry
+    return entry[1], entry[2]
 
 
 def decimate_into(
@@ -63,12 +90,11 @@ def decimate_into(
     native = _native()
     if native is None:
         raise RuntimeError("decimate_into needs the C extension bridge.decimate._native")
-    v = check_voxel_size(voxel, keys_in_float32(layout))
+    table, f32 = _kernel_table(layout)
+    v = check_voxel_size(voxel, f32)
     try:
         return int(
-            native.downsample_into(
-                view, layout.stride, field_table(layout), v, out_buffer, max(1, threads)
-            )
+            native.downsample_into(view, layout.stride, table, v, out_buffer, max(1, threads))
         )
     except OverflowError as exc:
         raise VoxelKeyOverflow(str(exc)) from None

@@ -52,6 +52,9 @@ def test_real_bin_frames_and_in_service_rows(
     assert len({r["out_points"] for r in scan}) == 1  # service and bare agree
     if report["env"]["backends"]["c"] is None:
         assert {"c x1", "c x1 service"} <= {r["method"] for r in scan}
+        # the in-service overhead, timed with the bare kernel call by call: a plain ratio
+        ratio = report["service_vs_bare"][scan[0]["case"]]
+        assert 0.2 < ratio < 20
 
 
 def test_pcl_harness_builds_or_says_why() -> None:
