@@ -462,27 +462,33 @@ class EdgeClient:
                         continue
                 # Marked before the await: a frame on its way out must not be evicted as unsent.
                 self.core.mark_sent(entry)
-                entries = [entry]
-                cap = self._batch_cap()
-                if entry.nbytes < cap:
-                    dense = loop.time() - last_send < self.batch_linger
-                    await self._fill_batch(entries, cap, limit, linger=dense)
-                if len(entries) > 1:
-                    self.stats.batches += 1
-                    data = batches.edge_batch([e.data for e in entries])
-                else:
-                    data = entry.data
+                dense = loop.time() - last_send < self.batch_linger
+                data = await self._message_from(entry, self._batch_cap(), limit, dense=dense)
                 await conn.send(data)
                 last_send = loop.time()
-                del data, entries, entry
+                del data, entry
                 # websockets' send() does not yield while the socket takes data.
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.debug("%s: send failed: %r", self.device_id, exc)
-            with contextlib.suppress(Exception):
-                await conn.close()  # the receiver sees the end and the loop reconnects
+            await self._send_failed(conn, exc)
+
+    async def _send_failed(self, conn: Connection, exc: Exception) -> None:
+        log.debug("%s: send failed: %r", self.device_id, exc)
+        with contextlib.suppress(Exception):
+            await conn.close()  # the receiver sees the end and the loop reconnects
+
+    async def _message_from(self, first: Entry, cap: int, limit: int, *, dense: bool) -> bytes:
+        """``first`` (marked sent) alone, or with frames waiting behind it as one batch."""
+        if first.nbytes >= cap:
+            return first.data
+        entries = [first]
+        await self._fill_batch(entries, cap, limit, linger=dense)
+        if len(entries) == 1:
+            return first.data
+        self.stats.batches += 1
+        return batches.edge_batch([e.data for e in entries])
 
     async def _send_lanes(self, conn: Connection, lanes: LaneScheduler) -> None:
         """The send loop with lanes: pieces of large frames, higher lanes in between. While the
@@ -521,14 +527,9 @@ class EdgeClient:
                     cap = self._batch_cap()
                     if lanes.mixed:
                         cap = min(cap, lanes.chunk_bytes + CHUNK_OVERHEAD)
-                    if out.whole and out.done.nbytes < cap:
-                        entries = [out.done]
+                    if out.whole:
                         dense = loop.time() - last_send < self.batch_linger
-                        await self._fill_batch(entries, cap, limit, linger=dense)
-                        if len(entries) > 1:
-                            self.stats.batches += 1
-                            data = batches.edge_batch([e.data for e in entries])
-                        del entries
+                        data = await self._message_from(out.done, cap, limit, dense=dense)
                 await conn.send(data)
                 last_send = loop.time()
                 del data, out
@@ -537,6 +538,4 @@ class EdgeClient:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.debug("%s: send failed: %r", self.device_id, exc)
-            with contextlib.suppress(Exception):
-                await conn.close()
+            await self._send_failed(conn, exc)
