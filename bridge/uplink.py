@@ -74,14 +74,7 @@ class Uplink:
             abandoned = self.chunks.frame_arrived(frame.stream_id)
             if abandoned is not None:
                 ready.errors.append(abandoned)
-        try:
-            size = self.decode(frame, size, charge)
-        except ProtocolError as exc:
-            charge.release()
-            ready.errors.append(exc)
-            return ready
-        ready.frame, ready.size, ready.charge = frame, size, charge
-        return ready
+        return self._decoded(ready, frame, size, charge)
 
     def take_split(
         self, frame: pb.Frame, points: memoryview | None, size: int, charge: Charge
@@ -95,6 +88,18 @@ class Uplink:
         if frame.stream_id in self.codecs and points is not None:
             frame.point_cloud.data = bytes(points)  # the encoded bytes: a fraction of the cloud
             points = None
+        return self._decoded(ready, frame, size, charge, points)
+
+    def _decoded(
+        self,
+        ready: Ready,
+        frame: pb.Frame,
+        size: int,
+        charge: Charge,
+        points: memoryview | None = None,
+    ) -> Ready:
+        """``ready`` with ``frame`` decoded by its stream's codec, or with the refusal (and
+        ``charge`` released)."""
         try:
             size = self.decode(frame, size, charge)
         except ProtocolError as exc:
