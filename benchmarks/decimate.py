@@ -284,39 +284,28 @@ def bench_case(
     timed: dict[str, Timed] | None = None,
 ) -> list[Row]:
     rows: list[Row] = []
+
+    def row(name: str, t: float, out: int, peak: float | None) -> Row:
+        return Row(
+            case.name,
+            case.shape,
+            case.points,
+            case.voxel,
+            name,
+            case.points / t / 1e6,
+            t,
+            out,
+            peak,
+        )
+
     for name, run in runners.items():
         out = run()  # warm-up (also first-touch of the output)
         peak = peak_mb(run)
         run()
-        t = statistics.median(time_runs(run, repeats, budget_s))
-        rows.append(
-            Row(
-                case.name,
-                case.shape,
-                case.points,
-                case.voxel,
-                name,
-                case.points / t / 1e6,
-                t,
-                out,
-                peak,
-            )
-        )
+        rows.append(row(name, statistics.median(time_runs(run, repeats, budget_s)), out, peak))
     for name, measure in (timed or {}).items():
         t, out = measure()
-        rows.append(
-            Row(
-                case.name,
-                case.shape,
-                case.points,
-                case.voxel,
-                name,
-                case.points / t / 1e6,
-                t,
-                out,
-                None,
-            )
-        )
+        rows.append(row(name, t, out, None))
     best = max((r.mpts_per_s for r in rows if r.method.startswith("o3d")), default=None)
     pcl = next((r.mpts_per_s for r in rows if r.method == "pcl voxelgrid"), None)
     for r in rows:
