@@ -185,6 +185,25 @@ static inline __attribute__((always_inline)) int stage_voxels(hstate *hs, size_t
  * live in registers until the voxel changes; integer fields (colour channels) add up in
  * registers too (exact, so grouping does not matter); float fields are added to the row in
  * memory, in input order. */
+/* Store a voxel's running sums (kept in registers along a run of points in one voxel) back
+ * into its row; the colour channels are added and their counters reset. */
+static inline __attribute__((always_inline)) void flush_row(sbv_acc *row, double sx, double sy,
+                                                            double sz, int64_t cnt, int color,
+                                                            int64_t *c0, int64_t *c1, int64_t *c2,
+                                                            int64_t *c3) {
+    row[0].d = sx;
+    row[1].d = sy;
+    row[2].d = sz;
+    row[3].i = cnt;
+    if (color) {
+        row[4].i += *c0;
+        row[5].i += *c1;
+        row[6].i += *c2;
+        row[7].i += *c3;
+        *c0 = *c1 = *c2 = *c3 = 0;
+    }
+}
+
 static inline __attribute__((always_inline)) int accumulate(job_t *job, hstate *hs, const int fast,
                                                              const int fm) {
     const sbv_cloud *in = job->in;
@@ -222,17 +241,7 @@ static inline __attribute__((always_inline)) int accumulate(job_t *job, hstate *
         for (size_t j = 0; j < hi - lo; j++, rec += stride) {
             const uint32_t vid = vb[j];
             if (vid != cur) {
-                row[0].d = sx;
-                row[1].d = sy;
-                row[2].d = sz;
-                row[3].i = cnt;
-                if (fm == F_COLOR) {
-                    row[4].i += c0;
-                    row[5].i += c1;
-                    row[6].i += c2;
-                    row[7].i += c3;
-                    c0 = c1 = c2 = c3 = 0;
-                }
+                flush_row(row, sx, sy, sz, cnt, fm == F_COLOR, &c0, &c1, &c2, &c3);
                 row = hs->rows + (size_t)vid * hs->w;
                 cur = vid;
                 sx = row[0].d;
@@ -263,34 +272,12 @@ static inline __attribute__((always_inline)) int accumulate(job_t *job, hstate *
                 c2 += c[2];
                 c3 += c[3];
             } else if (fm == F_ANY) {
-                for (size_t o = 0; o < n_others; o++) {
-                    const sbv_field fd = in->fields[others[o]];
-                    const unsigned char *q = rec + fd.offset;
-                    sbv_acc *s = row + job->slot_of[others[o]];
-                    if (fd.role == SBV_ROLE_COLOR) {
-                        s[0].i += q[0];
-                        s[1].i += q[1];
-                        s[2].i += q[2];
-                        s[3].i += q[3];
-                    } else if (fd.type == SBV_FLOAT32 || fd.type == SBV_FLOAT64) {
-                        s->d += sbv_load_f(q, fd.type);
-                    } else {
-                        s->i += sbv_load_i(q, fd.type);
-                    }
-                }
+                for (size_t o = 0; o < n_others; o++)
+                    sbvi_add_field(in->fields[others[o]], rec, row + job->slot_of[others[o]]);
             }
         }
     }
-    row[0].d = sx;
-    row[1].d = sy;
-    row[2].d = sz;
-    row[3].i = cnt;
-    if (fm == F_COLOR) {
-        row[4].i += c0;
-        row[5].i += c1;
-        row[6].i += c2;
-        row[7].i += c3;
-    }
+    flush_row(row, sx, sy, sz, cnt, fm == F_COLOR, &c0, &c1, &c2, &c3);
     return SBV_OK;
 }
 
@@ -361,17 +348,7 @@ static inline __attribute__((always_inline)) int accumulate_direct(job_t *job, h
         memcpy(&y, (REC) + yo, 4);                                                        \
         memcpy(&z, (REC) + zo, 4);                                                        \
         if (KEY != cur) {                                                                 \
-            row[0].d = sx;                                                                \
-            row[1].d = sy;                                                                \
-            row[2].d = sz;                                                                \
-            row[3].i = cnt;                                                               \
-            if (fm == F_COLOR) {                                                          \
-                row[4].i += c0;                                                           \
-                row[5].i += c1;                                                           \
-                row[6].i += c2;                                                           \
-                row[7].i += c3;                                                           \
-                c0 = c1 = c2 = c3 = 0;                                                    \
-            }                                                                             \
+            flush_row(row, sx, sy, sz, cnt, fm == F_COLOR, &c0, &c1, &c2, &c3);           \
             if (KEY == EMPTY_KEY) {                                                       \
                 row = spare;                                                              \
             } else {                                                                      \
@@ -426,16 +403,7 @@ static inline __attribute__((always_inline)) int accumulate_direct(job_t *job, h
         POINT(i, rec, key);
     }
 #undef POINT
-    row[0].d = sx;
-    row[1].d = sy;
-    row[2].d = sz;
-    row[3].i = cnt;
-    if (fm == F_COLOR) {
-        row[4].i += c0;
-        row[5].i += c1;
-        row[6].i += c2;
-        row[7].i += c3;
-    }
+    flush_row(row, sx, sy, sz, cnt, fm == F_COLOR, &c0, &c1, &c2, &c3);
     return (out[0] | out[1] | out[2] | out[3]) ? SBVI_HASH_FULL : SBV_OK;
 }
 

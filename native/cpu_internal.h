@@ -144,24 +144,25 @@ static inline int64_t floor_i64(float q) {
     return (float)k > q ? k - 1 : k;
 }
 
+/* Add one field of one record to its slot(s) of a voxel's sums. */
+static inline void sbvi_add_field(const sbv_field fd, const unsigned char *rec, sbv_acc *s) {
+    const unsigned char *q = rec + fd.offset;
+    if (fd.role == SBV_ROLE_COLOR) {
+        s[0].i += q[0];
+        s[1].i += q[1];
+        s[2].i += q[2];
+        s[3].i += q[3];
+    } else if (fd.type == SBV_FLOAT32 || fd.type == SBV_FLOAT64) {
+        s->d += sbv_load_f(q, fd.type);
+    } else {
+        s->i += sbv_load_i(q, fd.type);
+    }
+}
+
 /* Add one record's fields to its voxel's sums (slot_of: first slot of each field). */
 static inline void sbvi_add_record(const sbv_cloud *in, const uint32_t *slot_of,
                                    const unsigned char *rec, sbv_acc *a) {
-    for (size_t f = 0; f < in->n_fields; f++) {
-        const sbv_field fd = in->fields[f];
-        const unsigned char *q = rec + fd.offset;
-        sbv_acc *s = a + slot_of[f];
-        if (fd.role == SBV_ROLE_COLOR) {
-            s[0].i += q[0];
-            s[1].i += q[1];
-            s[2].i += q[2];
-            s[3].i += q[3];
-        } else if (fd.type == SBV_FLOAT32 || fd.type == SBV_FLOAT64) {
-            s->d += sbv_load_f(q, fd.type);
-        } else {
-            s->i += sbv_load_i(q, fd.type);
-        }
-    }
+    for (size_t f = 0; f < in->n_fields; f++) sbvi_add_field(in->fields[f], rec, a + slot_of[f]);
 }
 
 /* One zeroed output record holding the means of a voxel's sums (sbv_reduce_voxel's formulas). */
