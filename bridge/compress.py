@@ -9,10 +9,12 @@ sees the frame, so rings, decimation and the sink only ever see raw records.
   byte k+1, ...), which puts the similar exponent bytes of floats side by side, then zstd.
 - ``CODEC_QUANTIZED`` (lossy, stated precision): ``x``, ``y``, ``z`` rounded to multiples of
   ``step`` (every decoded coordinate is within ``step / 2`` of the original, plus the float's
-  own rounding), delta coded in the cloud's order (scan order keeps neighbours close), zigzag,
-  byte planes, zstd. Other float fields are rounded to ``attr_step`` the same way when it is
-  > 0, else carried losslessly as byte planes. Padding is not carried (decoded as zeros). Point
-  order is kept.
+  own rounding), then predicted from points already decoded (:mod:`bridge.predictive`: scan
+  order and range noise along the ray make the residuals small), zigzag, byte planes, zstd.
+  Other float fields are rounded to ``attr_step`` and delta coded when it is > 0; otherwise
+  (and for integer fields) they are lossless: a palette of at most 256 values plus one index
+  byte per point when the field has that few (a sensor's 8- or 16-bit reflectivity stored as
+  float), else byte planes. Padding is not carried (decoded as zeros). Point order is kept.
 
 Every size is checked before anything is decompressed: a decoder never allocates more than the
 limit it is given (a zstd bomb is refused by its header).
@@ -28,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import zstandard
 
+from bridge import predictive
 from bridge.cloud import CloudLayout, FieldType, make_layout
 from bridge.errors import CodecError
 from bridge.v1 import bridge_pb2 as pb
@@ -35,10 +38,16 @@ from bridge.v1 import bridge_pb2 as pb
 NONE, ZSTD, QUANTIZED = pb.CODEC_NONE, pb.CODEC_ZSTD, pb.CODEC_QUANTIZED
 NAMES: dict[int, str] = {NONE: "none", ZSTD: "zstd", QUANTIZED: "quantized"}
 DEFAULT_LEVEL = 3
-#: Quantized values must stay below this magnitude so that deltas fit 32-bit zigzag codes.
-MAX_QUANTUM = 1 << 30
+#: Quantized values must stay below this magnitude so that residuals fit 32-bit zigzag codes.
+MAX_QUANTUM = predictive.MAX_QUANTUM
 _XYZ = ("x", "y", "z")
-_QHEADER = struct.Struct("<IIdd")  # points, xyz block bytes, step, attr_step
+_QHEADER = struct.Struct("<IIddB")  # points, xyz block bytes, step, attr_step, levels
+_FIELD = struct.Struct("<BH")  # per non-coordinate field: mode, palette size
+_RAW, _STEPPED, _PALETTE = 0, 1, 2
+#: A lossless field with at most this many distinct values is sent as a palette + u8 indices.
+_PALETTE_MAX = 256
+_PROBE = 4096  # values looked at first: a field with more distinct ones than that is not
+LEVELS = predictive.DEFAULT_LEVELS
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,21 +106,34 @@ def encode(layout: CloudLayout, data: bytes, spec: CodecSpec) -> bytes:
     if spec.codec == ZSTD:
         return cz.compress(_planes(np.frombuffer(data, np.uint8), layout.stride))
     records = np.frombuffer(data, layout.structured_dtype)
-    n = len(records)
-    xyz = [_quantize(records[name].astype(np.float64), spec.step, name) for name in _XYZ]
-    xyz_block = cz.compress(b"".join(_to_planes(_zigzag_delta(q), 4) for q in xyz))
-    rest = []
+    axes = np.empty((3, len(records)), np.int64)
+    for i, name in enumerate(_XYZ):
+        axes[i] = _quantize(records[name].astype(np.float64), spec.step, name)
+    xyz_block = cz.compress(predictive.encode(axes, LEVELS))
+    modes, rest = [], []
     for name, _, ftype in _others(layout):
-        column = records[name]
-        if spec.attr_step > 0 and ftype in (FieldType.FLOAT32, FieldType.FLOAT64):
-            q = _quantize(column.astype(np.float64), spec.attr_step, name)
-            rest.append(_to_planes(_zigzag_delta(q), 4))
-        else:
-            raw = np.ascontiguousarray(column).view(f"<u{ftype.size}")
-            rest.append(_to_planes(raw, ftype.size))
+        mode, count, block = _encode_field(records[name], name, ftype, spec.attr_step)
+        modes.append(_FIELD.pack(mode, count))
+        rest.append(block)
     rest_block = cz.compress(b"".join(rest))
-    header = _QHEADER.pack(n, len(xyz_block), spec.step, spec.attr_step)
-    return header + xyz_block + rest_block
+    header = _QHEADER.pack(len(records), len(xyz_block), spec.step, spec.attr_step, LEVELS)
+    return header + b"".join(modes) + xyz_block + rest_block
+
+
+def _encode_field(
+    column: npt.NDArray[Any], name: str, ftype: FieldType, attr_step: float
+) -> tuple[int, int, bytes]:
+    """(mode, palette size, uncompressed block) of one non-coordinate field."""
+    if attr_step > 0 and ftype in (FieldType.FLOAT32, FieldType.FLOAT64):
+        q = _quantize(column.astype(np.float64), attr_step, name)
+        return _STEPPED, 0, _to_planes(_zigzag_delta(q), 4)
+    raw = np.ascontiguousarray(column).view(f"<u{ftype.size}")
+    if ftype.size > 1 and len(raw) and len(np.unique(raw[:_PROBE])) <= _PALETTE_MAX:
+        values, index = np.unique(raw, return_inverse=True)
+        if len(values) <= _PALETTE_MAX:
+            steps = np.diff(index.astype(np.uint8), prepend=np.uint8(0))
+            return _PALETTE, len(values), values.tobytes() + steps.tobytes()
+    return _RAW, 0, _to_planes(raw, ftype.size)
 
 
 def _quantize(values: npt.NDArray[np.float64], step: float, name: str) -> npt.NDArray[np.int64]:
@@ -205,32 +227,50 @@ def _decode_zstd(data: bytes, layout: CloudLayout, max_points: int, max_bytes: i
 def _decode_quantized(data: bytes, layout: CloudLayout, max_points: int, max_bytes: int) -> bytes:
     if len(data) < _QHEADER.size:
         raise CodecError("quantized data shorter than its header")
-    n, xyz_len, step, attr_step = _QHEADER.unpack_from(data)
+    n, xyz_len, step, attr_step, levels = _QHEADER.unpack_from(data)
     _check_size(n, layout.stride, max_points, max_bytes)
     if not (np.isfinite(step) and step > 0 and np.isfinite(attr_step) and attr_step >= 0):
         raise CodecError("quantized header has an invalid step")
-    start = _QHEADER.size
-    if start + xyz_len > len(data):
-        raise CodecError("quantized xyz block runs past the data")
-    xyz = np.frombuffer(_bounded(data[start : start + xyz_len], 12 * n), np.uint8)
+    if levels > predictive.MAX_LEVELS:
+        raise CodecError(f"quantized header has {levels} levels, at most {predictive.MAX_LEVELS}")
     others = _others(layout)
-    widths = [
-        4 if attr_step > 0 and t in (FieldType.FLOAT32, FieldType.FLOAT64) else t.size
-        for _, _, t in others
-    ]
-    rest = np.frombuffer(_bounded(data[start + xyz_len :], n * sum(widths)), np.uint8)
+    start = _QHEADER.size + _FIELD.size * len(others)
+    if start + xyz_len > len(data):
+        raise CodecError("quantized header or xyz block runs past the data")
+    fields = [_FIELD.unpack_from(data, _QHEADER.size + _FIELD.size * i) for i in range(len(others))]
+    widths = [_field_bytes(f[0], f[1], t, n) for f, (_, _, t) in zip(fields, others, strict=True)]
+    xyz_raw = _bounded(data[start : start + xyz_len], predictive.block_bytes(n, levels))
+    rest = np.frombuffer(_bounded(data[start + xyz_len :], sum(widths)), np.uint8)
     out = np.zeros(n, layout.structured_dtype)
+    axes = predictive.decode(np.frombuffer(xyz_raw, np.uint8), n, levels)
     for i, name in enumerate(_XYZ):
-        out[name] = _undelta(xyz[4 * n * i : 4 * n * (i + 1)], n) * step
+        out[name] = axes[i] * step
     at = 0
-    for (name, _, ftype), width in zip(others, widths, strict=True):
-        block = rest[at : at + n * width]
-        at += n * width
-        if width == 4 and attr_step > 0 and ftype in (FieldType.FLOAT32, FieldType.FLOAT64):
+    for (mode, count), (name, _, ftype), width in zip(fields, others, widths, strict=True):
+        block = rest[at : at + width]
+        at += width
+        if mode == _STEPPED:
             out[name] = _undelta(block, n) * attr_step
+        elif mode == _PALETTE:
+            values = block[: count * ftype.size].view(f"<u{ftype.size}")
+            index = np.cumsum(block[count * ftype.size :], dtype=np.uint8)
+            if n and int(index.max()) >= count:
+                raise CodecError(f"field {name!r}: palette index beyond its {count} values")
+            out[name] = values[index].view(ftype.dtype)
         else:
-            out[name] = _from_planes(block, n, width).view(ftype.dtype)
+            out[name] = _from_planes(block, n, ftype.size).view(ftype.dtype)
     return out.tobytes()
+
+
+def _field_bytes(mode: int, count: int, ftype: FieldType, n: int) -> int:
+    """Bytes of one field's part of the rest block; ``CodecError`` for a bad descriptor."""
+    if mode == _RAW:
+        return n * ftype.size
+    if mode == _STEPPED and ftype in (FieldType.FLOAT32, FieldType.FLOAT64):
+        return 4 * n
+    if mode == _PALETTE and 1 <= count <= _PALETTE_MAX:
+        return count * ftype.size + n
+    raise CodecError(f"quantized field descriptor ({mode}, {count}) is invalid for {ftype.name}")
 
 
 def _from_planes(planes: npt.NDArray[np.uint8], n: int, width: int) -> npt.NDArray[np.uint64]:
