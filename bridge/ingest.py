@@ -35,6 +35,7 @@ from bridge.errors import (
 from bridge.governor import Charge
 from bridge.logs import RateLimitedLog
 from bridge.metrics import BridgeMetrics
+from bridge.offload import OffLoopDecoder
 from bridge.ports import EdgeTransport, IngestCore, Received
 from bridge.session import Session, Stream, StreamKey
 from bridge.settings import Settings
@@ -212,6 +213,7 @@ class EdgeConnection:
         self._flow_sent = False
         self._flow_task: asyncio.Future[None] | None = None
         self._uplink: Uplink | None = None  # chunks and codecs (bridge.uplink)
+        self._decoder: OffLoopDecoder | None = None  # large encoded clouds (bridge.offload)
         self._last_size = 0  # the last message's bytes: the low watermark's unit
 
     def wake_acks(self, *, urgent: bool) -> None:
@@ -335,6 +337,18 @@ class EdgeConnection:
         raise Unauthenticated("missing or wrong bearer token for this device")
 
     async def _read_loop(self) -> None:
+        """Read and admit until the peer is done; a cloud still decoding is admitted first
+        (or dropped, unacknowledged, when the connection fails)."""
+        assert self._uplink is not None
+        self._decoder = decoder = OffLoopDecoder(self._uplink, self._admit, self._refuse_frame)
+        try:
+            await self._read_messages()
+        except BaseException:
+            decoder.drop()
+            raise
+        await decoder.settle()
+
+    async def _read_messages(self) -> None:
         metrics = self._metrics
         transport = self.transport.name
         received_frames = metrics.frames_received.labels(transport)
@@ -388,7 +402,8 @@ class EdgeConnection:
                     continue
                 frame = ready.frame
                 owned, charge = charge, None
-                await self._admit(frame, ready.size, owned, ready.points)
+                assert self._decoder is not None
+                await self._decoder.admit(frame, ready.size, owned, ready.points, ready.encoded)
             except ProtocolError as exc:
                 if exc.fatal:
                     await self._refuse(exc, fatal=True)
@@ -414,9 +429,11 @@ class EdgeConnection:
                 if self._edges.draining:
                     part.release()
                     continue
-                size = self._uplink.decode(frame, end - start, part)
+                encoded = self._uplink.offload(frame)
+                size = end - start if encoded else self._uplink.decode(frame, end - start, part)
                 owned, part = part, None
-                await self._admit(frame, size, owned)
+                assert self._decoder is not None
+                await self._decoder.admit(frame, size, owned, encoded=encoded)
             except ProtocolError as exc:
                 if part is not None:
                     part.release()
@@ -564,6 +581,9 @@ class EdgeConnection:
             await self.transport.reject(exc)
             return
         await self.send(self._error(exc, fatal=False, frame=frame))
+
+    async def _refuse_frame(self, exc: ProtocolError) -> None:
+        await self._refuse(exc, fatal=False, frame=exc.frame)
 
     @staticmethod
     def _error(

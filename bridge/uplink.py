@@ -17,6 +17,10 @@ from bridge.errors import ProtocolError
 from bridge.governor import Charge
 from bridge.v1 import bridge_pb2 as pb
 
+#: Encoded clouds at least this large are decoded in a worker thread (~1 ms of CPU and more):
+#: the event loop keeps serving other streams meanwhile. Smaller ones are decoded inline.
+OFFLOAD_BYTES = 64 * 1024
+
 
 @dataclass(slots=True)
 class Ready:
@@ -28,6 +32,10 @@ class Ready:
     charge: Charge | None = None
     errors: list[ProtocolError] = field(default_factory=list)
     points: memoryview | None = None  # a large cloud's points, still in the wire bytes
+    #: The cloud is still encoded: large enough to be decoded off the event loop
+    #: (:meth:`Uplink.decode_data` in a thread, then :meth:`Uplink.settle`); ``size`` is the
+    #: encoded size until then.
+    encoded: bool = False
 
 
 class Uplink:
@@ -99,7 +107,10 @@ class Uplink:
         points: memoryview | None = None,
     ) -> Ready:
         """``ready`` with ``frame`` decoded by its stream's codec, or with the refusal (and
-        ``charge`` released)."""
+        ``charge`` released); a large encoded cloud is left for the caller to decode."""
+        if self.offload(frame):
+            ready.frame, ready.size, ready.charge, ready.encoded = frame, size, charge, True
+            return ready
         try:
             size = self.decode(frame, size, charge)
         except ProtocolError as exc:
@@ -109,21 +120,38 @@ class Uplink:
         ready.frame, ready.size, ready.charge, ready.points = frame, size, charge, points
         return ready
 
+    def offload(self, frame: pb.Frame) -> bool:
+        """Whether ``frame`` holds an encoded cloud worth decoding off the event loop."""
+        return (
+            frame.stream_id in self.codecs
+            and frame.WhichOneof("payload") == "point_cloud"
+            and len(frame.point_cloud.data) >= OFFLOAD_BYTES
+        )
+
     def decode(self, frame: pb.Frame, size: int, charge: Charge) -> int:
         """Decode ``frame``'s cloud in place when its stream has a codec; return the bytes it
-        now holds, which ``charge`` is resized to (it grows by one decoded frame, at most
-        ``max_frame_bytes``, per connection at a time, like decimation's own). A refusal
-        (``ProtocolError`` naming the frame) leaves ``charge`` to the caller."""
+        now holds, which ``charge`` is resized to. A refusal (``ProtocolError`` naming the
+        frame) leaves ``charge`` to the caller."""
+        return self.settle(size, *self.decode_data(frame), charge)
+
+    def decode_data(self, frame: pb.Frame) -> tuple[int, int]:
+        """Decode ``frame``'s cloud in place; (encoded, decoded) bytes of its data. Touches
+        nothing but ``frame``: safe in a worker thread (zstd and numpy release the GIL)."""
         spec = self.codecs.get(frame.stream_id)
         if spec is None or frame.WhichOneof("payload") != "point_cloud":
-            return size
+            return 0, 0
         try:
-            encoded, decoded = compress.decode_cloud(
+            return compress.decode_cloud(
                 frame.point_cloud, spec, self.limits.max_points, self.limits.max_frame_bytes
             )
         except ProtocolError as exc:
             exc.frame = pb.Frame(stream_id=frame.stream_id, seq=frame.seq)
             raise
+
+    @staticmethod
+    def settle(size: int, encoded: int, decoded: int, charge: Charge) -> int:
+        """The frame's size once decoded; ``charge`` grows to it (by one decoded frame, at most
+        ``max_frame_bytes``, per connection at a time, like decimation's own)."""
         size = size - encoded + decoded
         charge.resize(max(charge.nbytes, size))
         return size

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import zstandard
 
 from bridge.app import BridgeService
 from bridge.client import EdgeClient, StreamSpec
@@ -249,3 +250,75 @@ async def test_compressed_clouds_arrive_decoded_within_the_stated_precision(
                     assert out.tobytes() == cloud.data
                 if s.codec == "zstd":
                     assert wire < len(cloud.data) / 1.2
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_large_decode_does_not_hold_up_other_streams(transport: str) -> None:
+    """The bridge decodes large clouds in a worker thread: a telemetry frame sent right after
+    two of them on the same connection (no lanes: whole frames in publish order) overtakes the
+    second, while the cloud stream keeps its order."""
+    arrivals: list[pb.ProcessedFrame] = []
+    streams = [
+        StreamSpec("lidar", codec="quantized", step=0.001),
+        StreamSpec("status", kind="telemetry"),
+    ]
+    async with (
+        bridge_and_sink(arrivals) as (bridge, _sink),
+        EdgeClient(
+            url_for(bridge, transport), device_id="robot", streams=streams, chunk_bytes=0
+        ) as edge,
+    ):
+        scan = _xyz(big_cloud(600_000))  # ~90 ms or more to decode here
+        payload = await asyncio.to_thread(edge.prepare, "lidar", scan)
+        await edge.publish("lidar", payload)
+        await edge.publish("lidar", payload)
+        await edge.publish("status", {"battery": 0.5})
+        await edge.drain(timeout=60)
+        assert edge.stats.errors == {}
+    order = [(f.stream_id, f.seq) for f in arrivals]
+    assert [o for o in order if o[0] == "lidar"] == [("lidar", 1), ("lidar", 2)]
+    assert order.index(("status", 1)) < order.index(("lidar", 2)), order
+    got = next(f for f in arrivals if f.stream_id == "lidar")
+    assert got.decimation.input_points == 600_000
+
+
+async def test_clouds_that_do_not_decode_are_refused_on_both_paths() -> None:
+    """Garbage under a codec, small (decoded inline) and large (in a worker thread): CODEC_ERROR
+    to the sender, not fatal, charges released; the connection goes on."""
+    arrivals: list[pb.ProcessedFrame] = []
+    async with bridge_and_sink(arrivals) as (bridge, _sink):
+        edge = RawGrpcEdge(f"127.0.0.1:{bridge.ports.grpc}")  # type: ignore[union-attr]
+        try:
+            spec = pb.StreamSpec(
+                stream_id="lidar",
+                kind=pb.POINT_CLOUD,
+                codec=pb.CODEC_ZSTD,
+                codec_params=pb.CodecParams(level=3),
+            )
+            await edge.send(
+                pb.EdgeMessage(hello=pb.Hello(device_id="d", streams=[spec])).SerializeToString()
+            )
+            assert (await edge.recv()).WhichOneof("kind") == "welcome"  # type: ignore[union-attr]
+            for seq, size in ((1, 100), (2, 200_000)):
+                cloud = _xyz(big_cloud(1))
+                cloud.data = bytes(size)  # no zstd frame at all
+                frame = pb.Frame(stream_id="lidar", seq=seq, point_cloud=cloud)
+                await edge.send(pb.EdgeMessage(frame=frame).SerializeToString())
+                err = await _error(edge)
+                assert (err.code, err.seq, err.fatal) == (pb.CODEC_ERROR, seq, False)
+            good = _xyz(big_cloud(50_000))
+            good.data = zstandard.ZstdCompressor(write_content_size=True).compress(
+                np.frombuffer(good.data, np.uint8).reshape(-1, 12).T.tobytes()
+            )
+            frame = pb.Frame(stream_id="lidar", seq=3, point_cloud=good)
+            await edge.send(pb.EdgeMessage(frame=frame).SerializeToString())
+            assert await wait_until(lambda: any(f.seq == 3 for f in arrivals))
+            assert arrivals[-1].decimation.input_points == 50_000
+            errors = metric(
+                bridge, "bridge_rejected_messages_total", transport="grpc", reason="codec_error"
+            )
+            assert errors == 2
+        finally:
+            await edge.close()
+        transport = bridge.governor.stats.by_component
+        assert await wait_until(lambda: transport[Component.TRANSPORT] == 0)

@@ -1,0 +1,98 @@
+"""Large encoded clouds decoded off the event loop, without reordering a stream's frames.
+
+Why: decoding a 100k-point cloud takes 5-15 ms of CPU; on the event loop that delays every
+other connection and stream by as much, telemetry included. zstd and numpy release the GIL, so a
+worker thread decodes while the loop keeps reading and admitting other streams' frames.
+
+Per connection: at most one decode in flight (the memory budget holds one decoded frame per
+connection, charged once decoded); a later frame of the same stream, or the next cloud to
+decode, waits for it, so each stream's frames are admitted in the order they arrived. Frames of
+other streams may overtake the cloud being decoded (as with lanes on the uplink).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from bridge.errors import ProtocolError
+from bridge.governor import Charge
+from bridge.uplink import Uplink
+from bridge.v1 import bridge_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+#: Offer a frame to the core (takes over its charge: releases it unless a ring took it).
+Admit = Callable[[pb.Frame, int, Charge, memoryview | None], Awaitable[None]]
+#: Report a refused frame to its sender (not fatal).
+Refuse = Callable[[ProtocolError], Awaitable[None]]
+
+
+class OffLoopDecoder:
+    """One connection's decoder thread slot and the frame waiting in it."""
+
+    def __init__(self, uplink: Uplink, admit: Admit, refuse: Refuse) -> None:
+        self._uplink = uplink
+        self._admit = admit
+        self._refuse = refuse
+        self._pending: tuple[str, asyncio.Task[None]] | None = None  # (stream, decode + admit)
+
+    async def admit(
+        self,
+        frame: pb.Frame,
+        size: int,
+        charge: Charge,
+        points: memoryview | None = None,
+        encoded: bool = False,
+    ) -> None:
+        """Admit ``frame`` (taking over ``charge``); when ``encoded``, decode it in a thread
+        first and return at once, leaving the admission in flight."""
+        pending = self._pending
+        try:
+            if pending is not None and (encoded or pending[0] == frame.stream_id):
+                await self.settle()
+        except BaseException:
+            charge.release()
+            raise
+        if not encoded:
+            await self._admit(frame, size, charge, points)
+            return
+        task = asyncio.create_task(self._decode_and_admit(frame, size, charge))
+        self._pending = (frame.stream_id, task)
+
+    async def settle(self) -> None:
+        """Wait until the frame in flight (if any) is admitted or refused."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            await pending[1]
+
+    def drop(self) -> None:
+        """The connection failed: the frame in flight is not admitted (nor acknowledged: the
+        edge resends it); its task releases its charge."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending[1].cancel()
+            pending[1].add_done_callback(_retrieve)
+
+    async def _decode_and_admit(self, frame: pb.Frame, size: int, charge: Charge) -> None:
+        uplink = self._uplink
+        try:
+            encoded, decoded = await asyncio.to_thread(uplink.decode_data, frame)
+        except ProtocolError as exc:
+            charge.release()
+            await self._refuse(exc)
+            return
+        except BaseException:
+            charge.release()
+            raise
+        await self._admit(frame, uplink.settle(size, encoded, decoded, charge), charge, None)
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """A dropped task's end: cancelled or a closed connection is normal, the rest is logged."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None and not isinstance(exc, ConnectionError):
+        log.error("decoding a cloud off the event loop failed: %r", exc)
