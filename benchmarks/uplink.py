@@ -5,8 +5,11 @@ that namespace's loopback with ``tbf`` (20 Mbit/s by default; an ``htb`` root wi
 filter only picks those packets, so the bridge → sink path and the acks are not limited), and
 runs a bridge (``simbridge serve``, voxel 0.2 m), a sink and one edge process inside it. The edge
 publishes 100k-point lidar clouds (xyz + intensity float32, 1.6 MB raw) at up to 10 Hz and
-telemetry at 100 Hz. A cloud is published only while fewer than two are undelivered (a sensor
-that skips scans the link cannot carry; published frames are never dropped).
+telemetry at 100 Hz. The synthetic intensity is float32 noise in [0, 1] (~3 bytes a point even
+losslessly coded); rows marked "8-bit intensity" use the same scans with a sensor-like
+reflectivity instead (k / 255 stored as float32, what 8-bit sensors report). A cloud is
+published only while fewer than two are undelivered (a sensor that skips scans the link cannot
+carry; published frames are never dropped).
 
 Reported per scenario: telemetry latency p50 / p99 (capture on the edge → received by the sink),
 clouds delivered per second, bytes per cloud on the wire, and CPU per cloud of the edge process
@@ -47,6 +50,7 @@ class Scenario:
     chunk_bytes: int = 0  # 0: the SDK's default
     lowat: int = -1  # -1: the SDK's default
     sysctl_lowat: int = 0  # net.ipv4.tcp_notsent_lowat in the namespace (0: the default)
+    intensity: str = "random"  # "random": float32 noise in [0, 1]; "8bit": k / 255 (sensor-like)
 
 
 SCENARIOS = [
@@ -59,6 +63,7 @@ SCENARIOS = [
     Scenario(
         "ws, lanes on, quantized 1 mm + intensity 1/256", codec="quantized", attr_step=1 / 256
     ),
+    Scenario("ws, lanes on, quantized 1 mm, 8-bit intensity", codec="quantized", intensity="8bit"),
 ]
 EXPLORE = [
     Scenario("x ws zstd", codec="zstd"),
@@ -155,11 +160,13 @@ def render(report: dict[str, Any], rate: str) -> str:
             f"{r['link_drops']:>5} {r['retransmits']:>7} {r['load_avg']:>5.1f}"
         )
     lines += ["", f"{'codec alone (one process)':<48} {'kB/cloud':>9} {'ratio':>6} "
-              f"{'encode ms':>10} {'decode ms':>10} {'max error':>10}"]  # fmt: skip
+              f"{'encode ms':>10} {'decode ms':>10} {'xyz max error':>13} "
+              f"{'intensity':>9}"]  # fmt: skip
     for c in report["codecs"]:
         lines.append(
-            f"{c['name']:<48} {c['bytes'] / 1e3:>9.0f} {raw / c['bytes']:>6.2f} "
-            f"{c['encode_ms']:>10.1f} {c['decode_ms']:>10.1f} {c['max_error']:>10.2g}"
+            f"{c['name']:<48} {c['bytes'] / 1e3:>9.0f} {c['raw'] / c['bytes']:>6.2f} "
+            f"{c['encode_ms']:>10.1f} {c['decode_ms']:>10.1f} {c['max_error']:>13.2g} "
+            f"{'exact' if c['intensity_exact'] else 'lossy':>9}"
         )
     lines.append("")
     lines.append(
@@ -274,30 +281,51 @@ async def run_scenario(sc: Scenario, seconds: float, warmup: float) -> dict[str,
     }
 
 
+def sensor_like(data: bytes) -> bytes:
+    """The scan with an 8-bit reflectivity (k / 255 as float32) instead of float32 noise."""
+    import numpy as np
+
+    rec = np.frombuffer(data, "<f4").reshape(-1, 4).copy()
+    rec[:, 3] = np.rint(rec[:, 3] * 255) / 255
+    return rec.tobytes()
+
+
+def scan_data(intensity: str, seed: int) -> Any:
+    """A 100k-point scan as a ``PointCloud`` with the given kind of intensity."""
+    from loadgen.clouds import lidar_xyzi
+
+    cloud = lidar_xyzi(POINTS, seed=seed).to_proto()
+    if intensity == "8bit":
+        cloud.data = sensor_like(cloud.data)
+    return cloud
+
+
 def codec_table() -> list[dict[str, Any]]:
     """Encode and decode of each codec alone, in this process (CPU time, median of 5)."""
     import numpy as np
 
     from bridge import compress
     from bridge.cloud import make_layout
-    from loadgen.clouds import lidar_xyzi
 
-    cloud = lidar_xyzi(POINTS, seed=1)
-    layout = make_layout(cloud.stride, cloud.layout_triples())
-    original = np.frombuffer(cloud.data, "<f4").reshape(-1, 4)
     rows = []
-    for name, spec in [
-        ("zstd (lossless)", compress.CodecSpec(compress.ZSTD)),
-        ("quantized 1 mm", compress.CodecSpec(compress.QUANTIZED, 0.001)),
-        ("quantized 1 mm + intensity 1/256",
+    for name, intensity, spec in [
+        ("zstd (lossless)", "random", compress.CodecSpec(compress.ZSTD)),
+        ("quantized 1 mm", "random", compress.CodecSpec(compress.QUANTIZED, 0.001)),
+        ("quantized 1 mm + intensity 1/256", "random",
          compress.CodecSpec(compress.QUANTIZED, 0.001, 1 / 256)),
+        ("zstd (lossless), 8-bit intensity", "8bit", compress.CodecSpec(compress.ZSTD)),
+        ("quantized 1 mm, 8-bit intensity", "8bit",
+         compress.CodecSpec(compress.QUANTIZED, 0.001)),
     ]:  # fmt: skip
+        cloud = scan_data(intensity, 1)
+        layout = make_layout(cloud.point_stride, [(f.name, f.offset, f.type) for f in cloud.fields])
+        original = np.frombuffer(cloud.data, "<f4").reshape(-1, 4)
         enc, dec = [], []
         for _ in range(5):
             t0 = time.process_time()
             data = compress.encode(layout, cloud.data, spec)
             enc.append(time.process_time() - t0)
-            pc = cloud.to_proto()
+            pc = pb_copy(cloud)
             pc.data = data
             t0 = time.process_time()
             compress.decode_cloud(pc, spec, POINTS, 1 << 30)
@@ -306,13 +334,21 @@ def codec_table() -> list[dict[str, Any]]:
         rows.append(
             {
                 "name": name,
+                "raw": len(cloud.data),
                 "bytes": len(data),
                 "encode_ms": 1e3 * statistics.median(enc),
                 "decode_ms": 1e3 * statistics.median(dec),
                 "max_error": float(np.abs(decoded[:, :3] - original[:, :3]).max()),
+                "intensity_exact": bool(np.array_equal(decoded[:, 3], original[:, 3])),
             }
         )
     return rows
+
+
+def pb_copy(cloud: Any) -> Any:
+    out = type(cloud)()
+    out.CopyFrom(cloud)
+    return out
 
 
 async def inside(args: argparse.Namespace) -> None:
@@ -332,14 +368,13 @@ async def inside(args: argparse.Namespace) -> None:
 
 async def edge_main(sc: Scenario, seconds: float, warmup: float) -> None:
     from bridge.client import EdgeClient, StreamSpec
-    from loadgen.clouds import lidar_xyzi
 
     url = (
         f"ws://127.0.0.1:{WS_PORT}/v1/ingest" if sc.transport == "ws" else f"grpc://127.0.0.1:{GRPC_PORT}"
     )  # fmt: skip
     lidar = StreamSpec("lidar", codec=sc.codec, step=sc.step, attr_step=sc.attr_step)  # type: ignore[arg-type]
     streams = [lidar, StreamSpec("status", kind="telemetry")]
-    scans = [lidar_xyzi(POINTS, seed=s).to_proto() for s in range(4)]
+    scans = [scan_data(sc.intensity, s) for s in range(4)]
     client: dict[str, Any] = {} if sc.lanes else {"chunk_bytes": 0}
     if sc.lanes and sc.chunk_bytes:
         client["chunk_bytes"] = sc.chunk_bytes

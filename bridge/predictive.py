@@ -114,15 +114,15 @@ def _slots(p: I64) -> tuple[list[npt.NDArray[np.intp]], list[I64]]:
     """Per point, the flat positions in a (3, k) array of axes m, m+1, m+2 (mod 3), with m
     the axis where the prediction ``p`` is largest, and ``p`` at those positions."""
     a = np.abs(p)
-    m = np.where(a[0] >= a[1], np.where(a[0] >= a[2], 0, 2), np.where(a[1] >= a[2], 1, 2))
+    x_wins = a[0] >= a[1]
+    # m = 0 where x is largest, 1 where y is (and x is not), else 2
+    m = 2 - 2 * (x_wins & (a[0] >= a[2])).astype(np.intp) - (~x_wins & (a[1] >= a[2]))
     k = p.shape[1]
-    at = np.arange(k)
+    first = m * k
+    first += np.arange(k)
+    wrap = 3 * k
+    pos = [first, first + k - wrap * (m == 2), first - k + wrap * (m == 0)]
     flat = p.ravel()
-    pos = []
-    for j in range(3):
-        axis = m + j
-        axis[axis >= 3] -= 3
-        pos.append(axis * k + at)
     return pos, [flat[x] for x in pos]
 
 
@@ -132,14 +132,18 @@ def _along_ray(ps: list[I64], major: I64) -> list[I64]:
     overflow), clamped so that the residuals stay zigzag u32."""
     pm = ps[0]
     den = np.abs(pm)
-    den2 = np.maximum(2 * den, 1)
+    den2 = np.maximum(2 * den, 1)  # p == 0 (all axes): every product is 0, so is the shift
     signed = np.where(pm < 0, -major, major)
-    zero = den == 0
     out = []
     for pk in ps[1:]:
-        shift = (2 * signed * pk + den) // den2
-        shift[zero] = 0
-        out.append(np.clip(pk + shift, -(MAX_QUANTUM - 1), MAX_QUANTUM - 1))
+        shift = signed * pk
+        shift *= 2
+        shift += den
+        shift //= den2
+        shift += pk
+        np.minimum(shift, MAX_QUANTUM - 1, out=shift)
+        np.maximum(shift, 1 - MAX_QUANTUM, out=shift)
+        out.append(shift)
     return out
 
 
