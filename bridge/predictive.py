@@ -37,6 +37,7 @@ DEFAULT_LEVELS = 4
 MAX_LEVELS = 16
 
 I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
 
 
 def block_bytes(n: int, levels: int) -> int:
@@ -48,9 +49,11 @@ def block_bytes(n: int, levels: int) -> int:
 def encode(axes: I64, levels: int) -> bytes:
     """The block for quantized points: ``axes`` is x, y, z (shape (3, n)), |q| < 2**30."""
     stride = 1 << levels
+    axes = axes.astype(np.int32)  # |q| < 2**30: values, midpoints and r0 fit; products do not
     parts = []
     for a in range(3):
-        second = np.diff(axes[a, ::stride], n=2, prepend=np.zeros(2, np.int64))
+        base = axes[a, ::stride].astype(np.int64)
+        second = np.diff(base, n=2, prepend=np.zeros(2, np.int64))
         parts.append(_planes(_zigzag(second), 8))
     for h in _halves(levels):
         p = _midpoint(axes, h)
@@ -58,18 +61,19 @@ def encode(axes: I64, levels: int) -> bytes:
             continue
         pos, ps = _slots(p)
         v = np.ascontiguousarray(axes[:, h :: 2 * h]).ravel()
-        major = v[pos[0]] - ps[0]
+        major = v[pos[0]].astype(np.int64) - ps[0]
         parts.append(_planes(_zigzag(major).astype(np.uint32), 4))
         for pk, minor in zip(pos[1:], _along_ray(ps, major), strict=True):
             parts.append(_planes(_zigzag(v[pk] - minor).astype(np.uint32), 4))
     return b"".join(parts)
 
 
-def decode(block: npt.NDArray[np.uint8], n: int, levels: int) -> I64:
-    """Quantized x, y, z (shape (3, n)) from a block of ``block_bytes(n, levels)`` bytes."""
+def decode(block: npt.NDArray[np.uint8], n: int, levels: int) -> I32:
+    """Quantized x, y, z (shape (3, n), int32) from a block of ``block_bytes(n, levels)``
+    bytes. A block that no encoder wrote decodes to some values, never to an error."""
     stride = 1 << levels
     nb = -(-n // stride)
-    axes = np.empty((3, n), np.int64)
+    axes = np.empty((3, n), np.int32)
     at = 0
     for a in range(3):
         second = _unzigzag(_from_planes(block[at : at + 8 * nb], nb, 8))
@@ -85,7 +89,7 @@ def decode(block: npt.NDArray[np.uint8], n: int, levels: int) -> I64:
             slots.append(_unzigzag(_from_planes(block[at : at + 4 * k], k, 4)))
             at += 4 * k
         pos, ps = _slots(p)
-        out = np.empty((3, k), np.int64)
+        out = np.empty((3, k), np.int32)
         flat = out.ravel()
         flat[pos[0]] = ps[0] + slots[0]
         for j, minor in zip((1, 2), _along_ray(ps, slots[0]), strict=True):
