@@ -38,6 +38,7 @@ MAX_LEVELS = 16
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
+Ints = npt.NDArray[np.signedinteger[Any]]
 
 
 def block_bytes(n: int, levels: int) -> int:
@@ -46,7 +47,7 @@ def block_bytes(n: int, levels: int) -> int:
     return 24 * base + 12 * (n - base)
 
 
-def encode(axes: I64, levels: int) -> bytes:
+def encode(axes: Ints, levels: int) -> bytes:
     """The block for quantized points: ``axes`` is x, y, z (shape (3, n)), |q| < 2**30."""
     stride = 1 << levels
     axes = axes.astype(np.int32)  # |q| < 2**30: values, midpoints and r0 fit; products do not
@@ -103,7 +104,7 @@ def _halves(levels: int) -> list[int]:
     return [(1 << levels) >> level for level in range(1, levels + 1)]
 
 
-def _midpoint(axes: I64, h: int) -> I64:
+def _midpoint(axes: Ints, h: int) -> Ints:
     """Predictions (3, k) for points h, 3h, 5h, ...: the midpoint of the points h before and
     h after (the one before alone past the end)."""
     left = axes[:, 0 : max(0, axes.shape[1] - h) : 2 * h]
@@ -114,7 +115,7 @@ def _midpoint(axes: I64, h: int) -> I64:
     return out
 
 
-def _slots(p: I64) -> tuple[list[npt.NDArray[np.intp]], list[I64]]:
+def _slots(p: Ints) -> tuple[list[npt.NDArray[np.intp]], list[Ints]]:
     """Per point, the flat positions in a (3, k) array of axes m, m+1, m+2 (mod 3), with m
     the axis where the prediction ``p`` is largest, and ``p`` at those positions."""
     a = np.abs(p)
@@ -130,7 +131,7 @@ def _slots(p: I64) -> tuple[list[npt.NDArray[np.intp]], list[I64]]:
     return pos, [flat[x] for x in pos]
 
 
-def _along_ray(ps: list[I64], major: I64) -> list[I64]:
+def _along_ray(ps: list[Ints], major: I64) -> list[I64]:
     """Predictions of the two minor axes: the midpoint ``ps`` moved by ``major`` along its
     ray, ``round(major * p_k / p_m)`` in integers (|major| < 2**31, |p| < 2**30: no
     overflow), clamped so that the residuals stay zigzag u32."""
