@@ -254,8 +254,8 @@ def validate(s: Settings) -> list[str]:
             parse_device_tokens(text, s.device_tokens_file)
         except (OSError, ValueError) as exc:
             problems.append(f"device_tokens_file: {exc}")
-    if not 64 * 1024 <= s.grpc_window_bytes <= 64 * MiB:
-        problems.append("grpc_window_bytes: must be between 65536 (64 KiB) and 64 MiB")
+    if not 16 * 1024 <= s.grpc_window_bytes <= 64 * MiB:
+        problems.append("grpc_window_bytes: must be between 16384 (16 KiB) and 64 MiB")
     if s.sink_backoff_initial_seconds > s.sink_backoff_max_seconds:
         problems.append("sink_backoff_initial_seconds: must be <= sink_backoff_max_seconds")
     problems += _tls_problems(s)
