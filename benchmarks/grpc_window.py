@@ -74,9 +74,7 @@ def main() -> int:
     sizes = args.sizes.split(",")
     print("gRPC receive window (grpc_window_bytes): one busy gRPC edge on loopback, and on a")
     print("20 Mbit/s shaped uplink (telemetry behind 10 Hz 1.6 MB clouds, lanes on);")
-    print(
-        f"medians over {args.rounds} interleaved rounds; other = CPU used by the rest of the machine"
-    )
+    print(f"medians over {args.rounds} interleaved rounds; other = max CPU % of everything else")
     head = "window     " + "".join(f"{s + ' us/msg':>15}" for s in sizes)
     if shaped:
         head += f"{'tele p50 ms':>13}{'tele p99 ms':>13}{'clouds/s':>10}"
