@@ -258,6 +258,10 @@ class SinkPusher:
         )
         try:
             await call.write(b"".join(parts))
+        except asyncio.InvalidStateError:
+            # The sink ended the call while this write was due: the stream is gone, which the
+            # session loop handles like any sink failure (reconnect, replay), never by dying.
+            raise ConnectionError("sink push stream already finished") from None
         finally:
             if charge is not None:
                 charge.release()
