@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
-.PHONY: run test lint proto chart-docs venv sysdeps test-memory-heavy bench-relay bench-overload bench-capacity bench-decimate bench-adapt bench-view bench-uplink test-sanitize fuzz clean \
+.PHONY: run test lint proto chart-docs venv sysdeps test-memory-heavy bench-relay bench-overload bench-capacity bench-decimate bench-adapt bench-view bench-uplink bench-grpc-window test-sanitize fuzz clean \
 	container-deps e2e-container bench-memory
 
 $(STAMP): pyproject.toml setup.py
@@ -95,6 +95,10 @@ bench-view: venv
 # A 20 Mbit/s uplink (own network namespace, tbf; needs root): lanes off/on, codecs off/lossless/lossy.
 bench-uplink: venv
 	$(PY) -m benchmarks.uplink
+
+# The gRPC receive window (grpc_window_bytes): loopback CPU per message vs slow-link telemetry delay.
+bench-grpc-window: venv
+	$(PY) -m benchmarks.grpc_window
 
 # The bridge in a real container (podman + runc, image from the Dockerfile on a local mmdebstrap
 # base), resized live under load: podman update directly and through the Kubernetes stand-in.

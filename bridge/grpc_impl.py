@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from bridge.errors import FrameTooLarge, ProtocolError
+from bridge.errors import FrameTooLarge, ProtocolError, TooManySessions
 from bridge.governor import Charge, Component, Governor
 from bridge.metrics import BridgeMetrics
 from bridge.ports import Edges, Received, Subscriptions
@@ -43,7 +43,8 @@ class GrpcTransport:
     previous message and corrected once the real size is known: a message larger than its
     grant is charged in full (forced, counted as overdraft when over budget) and the next read
     waits for a grant of that size. Beyond grants, a call holds at most one HTTP/2 stream
-    window (BDP probing is off) until we read.
+    window (fixed, BDP probing is off) until we read; :func:`build_server` charges that window
+    for as long as the call is open.
     """
 
     name = "grpc"
@@ -54,35 +55,39 @@ class GrpcTransport:
         self.expected = _FIRST_GRANT
         self.first = True
         self._notify: Callable[[bool], None] | None = None
+        self._waiting: asyncio.Future[Charge | None] | None = None  # a queued grant's future
 
     def on_wait(self, notify: Callable[[bool], None]) -> None:
         self._notify = notify
 
+    def _granted(self, charge: Charge | None) -> None:
+        future = self._waiting
+        if future is None or future.cancelled():
+            if charge is not None:
+                charge.release()
+        else:
+            future.set_result(charge)
+
     async def _grant(self, nbytes: int) -> Charge:
         nbytes = min(nbytes, max(1, self.governor.admissible_bytes))
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Charge | None] = loop.create_future()
-
-        def granted(charge: Charge | None) -> None:
-            if future.cancelled():
-                if charge is not None:
-                    charge.release()
-            else:
-                future.set_result(charge)
-
-        got = self.governor.request(Component.TRANSPORT, nbytes, granted)
-        if isinstance(got, Charge):
+        got = self.governor.request(Component.TRANSPORT, nbytes, self._granted)
+        if isinstance(got, Charge):  # the common case: no future, no wake-up
             return got
         if got is None:
             raise FrameTooLarge("the memory budget leaves no room for a message")
+        future: asyncio.Future[Charge | None] = asyncio.get_running_loop().create_future()
+        self._waiting = future
         if self._notify is not None:
             self._notify(True)
         try:
             charge = await future
         except asyncio.CancelledError:
             self.governor.cancel(got)
+            if future.done() and not future.cancelled() and (late := future.result()):
+                late.release()  # granted, then cancelled before this task resumed
             raise
         finally:
+            self._waiting = None
             if self._notify is not None:
                 self._notify(False)
         if charge is None:
@@ -171,8 +176,10 @@ def build_server(
             ("grpc.server_handshake_timeout_ms", int(settings.hello_timeout_seconds * 1000)),
             # A connection with no call for a while is closed (edges keep their one call open).
             ("grpc.max_connection_idle_ms", int(settings.session_ttl_seconds * 1000)),
-            # No window growth beyond the default: unread bytes per call stay one small window.
+            # A fixed window, never grown by BDP probing: unread bytes per call stay bounded by
+            # what each call is charged (see connect).
             ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", settings.grpc_window_bytes),
         ]
     )
     viewer_token = settings.viewer_token or settings.auth_token
@@ -180,9 +187,23 @@ def build_server(
     async def connect(
         _request_iterator: object, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
-        await edges.serve(
-            GrpcTransport(context, governor), _bearer(context), _certificate_names(context)
-        )
+        # What the edge may send ahead of our reads is charged while the call is open, so a
+        # larger window is paid for in sessions rather than hidden from the budget.
+        window = governor.try_charge(Component.TRANSPORT, settings.grpc_window_bytes, pinned=True)
+        if window is None:
+            metrics.rejected.labels("grpc", TooManySessions.reason).inc()
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"no memory for another gRPC call's {settings.grpc_window_bytes}-byte receive "
+                f"window (budget {governor.budget_bytes} bytes)",
+            )
+            return  # abort raises; this line is for the type checker
+        try:
+            await edges.serve(
+                GrpcTransport(context, governor), _bearer(context), _certificate_names(context)
+            )
+        finally:
+            window.release()
 
     async def subscribe(
         request_bytes: bytes, context: grpc.aio.ServicerContext[Any, Any]

@@ -215,6 +215,12 @@ class EdgeConnection:
         self._uplink: Uplink | None = None  # chunks and codecs (bridge.uplink)
         self._decoder: OffLoopDecoder | None = None  # large encoded clouds (bridge.offload)
         self._last_size = 0  # the last message's bytes: the low watermark's unit
+        # A frame whose ring is full waits on its own task, so the edge's other streams keep
+        # being read (telemetry never waits behind a paused cloud stream). One per stream: a
+        # second frame of a parked stream waits for the first (order within a stream).
+        self._parked: dict[str, asyncio.Future[None]] = {}
+        self._park_tasks: set[asyncio.Task[None]] = set()
+        self._paused_streams: set[str] = set()  # PAUSE sent, RESUME not yet
 
     def wake_acks(self, *, urgent: bool) -> None:
         self._acks_due.set()
@@ -283,6 +289,10 @@ class EdgeConnection:
                 ack_task.cancel()
             if self._flow_task is not None:
                 self._flow_task.cancel()
+            for task in list(self._park_tasks):
+                task.cancel()
+            if self._park_tasks:  # each releases its frame's charge
+                await asyncio.gather(*self._park_tasks, return_exceptions=True)
             if self._uplink is not None:
                 self._uplink.close()
             edges.unregister(self)
@@ -487,23 +497,105 @@ class EdgeConnection:
     async def _admit(
         self, frame: pb.Frame, size: int, charge: Charge, points: memoryview | None = None
     ) -> None:
-        """Offer until the ring accepts (it takes over ``charge``); otherwise (a duplicate, an
-        error, draining, cancelled) ``charge`` is released here, exactly once."""
-        state = {"taken": False, "paused": False}
+        """Offer once; a full ring parks the frame on its own task (which takes over ``charge``)
+        and reading goes on. Otherwise (accepted, a duplicate, an error, cancelled) ``charge``
+        is taken by the ring or released here, exactly once."""
+        stream_id = frame.stream_id
+        parked = self._parked.get(stream_id)
+        if parked is not None:
+            try:  # order within a stream: after the frame already waiting
+                await asyncio.wait({parked})
+            except BaseException:
+                charge.release()
+                raise
+        state = {"taken": False}
+        try:
+            outcome = self._offer(frame, size, charge, state, points)
+            if outcome is Offer.FULL:
+                await self._pause(stream_id)
+                if self._edges.draining:
+                    return  # not accepted, not acked: the edge resends it after reconnecting
+                self._park(frame, size, charge, points)
+                state["taken"] = True  # the parked task owns it now
+        finally:
+            if not state["taken"]:
+                charge.release()
+
+    def _offer(
+        self,
+        frame: pb.Frame,
+        size: int,
+        charge: Charge,
+        state: dict[str, bool],
+        points: memoryview | None,
+    ) -> Offer:
+        assert self.session is not None
+        outcome = self._core.offer(self.session, frame, size, time.time_ns(), charge, points)
+        if outcome is Offer.ACCEPTED:
+            state["taken"] = True
+            self._metrics.frames_accepted.inc()
+        elif outcome is Offer.DUPLICATE:
+            self._metrics.frames_duplicate.inc()
+        return outcome
+
+    async def _pause(self, stream_id: str) -> None:
+        """PAUSE the stream once (until its RESUME), counted as backpressure."""
+        if stream_id in self._paused_streams:
+            return
+        self._paused_streams.add(stream_id)
+        self._metrics.backpressure.inc()
+        await self.send(
+            pb.BridgeMessage(
+                flow_control=pb.FlowControl(action=pb.FlowControl.PAUSE, stream_id=stream_id)
+            )
+        )
+
+    def _park(self, frame: pb.Frame, size: int, charge: Charge, points: memoryview | None) -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._parked[frame.stream_id] = done
+        task = asyncio.create_task(self._parked_frame(frame, size, charge, points, done))
+        self._park_tasks.add(task)
+        task.add_done_callback(self._park_done)
+
+    def _park_done(self, task: asyncio.Task[None]) -> None:
+        self._park_tasks.discard(task)
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None and not isinstance(exc, ConnectionError):
+            log.error("parked frame failed: %r", exc)
+
+    async def _parked_frame(
+        self,
+        frame: pb.Frame,
+        size: int,
+        charge: Charge,
+        points: memoryview | None,
+        done: asyncio.Future[None],
+    ) -> None:
+        """Wait for room and offer until the ring takes the frame; the last one parked on a
+        paused stream then sends its RESUME once the ring drained to its low watermark."""
+        stream_id = frame.stream_id
+        state = {"taken": False}
         try:
             await self._offer_until_taken(frame, size, charge, state, points)
         finally:
             if not state["taken"]:
                 charge.release()
-        if state["paused"]:
-            # Hysteresis: RESUME only once the ring drained to its low watermark.
-            if not await self._until_resume_ready(frame.stream_id, size):
-                return
+            if self._parked.get(stream_id) is done:
+                del self._parked[stream_id]
+            if not done.done():
+                done.set_result(None)
+        if stream_id in self._parked or stream_id not in self._paused_streams:
+            return  # a newer parked frame of this stream sends the RESUME
+        # Hysteresis: RESUME only once the ring drained to its low watermark.
+        if not await self._until_resume_ready(stream_id, size):
+            return
+        if stream_id in self._parked:
+            return
+        self._paused_streams.discard(stream_id)
+        with contextlib.suppress(ConnectionError):
             await self.send(
                 pb.BridgeMessage(
-                    flow_control=pb.FlowControl(
-                        action=pb.FlowControl.RESUME, stream_id=frame.stream_id
-                    )
+                    flow_control=pb.FlowControl(action=pb.FlowControl.RESUME, stream_id=stream_id)
                 )
             )
 
@@ -537,33 +629,12 @@ class EdgeConnection:
         state: dict[str, bool],
         points: memoryview | None = None,
     ) -> None:
-        core, metrics = self._core, self._metrics
         assert self.session is not None
-        space: asyncio.Event | None = None  # taken only once a ring is full (a weakref'd dict)
+        space = self._edges.space_event((self.session.device_id, frame.stream_id))
         while True:
-            if space is not None:
-                space.clear()  # cleared before the offer: a wake-up after it is not lost
-            outcome = core.offer(self.session, frame, size, time.time_ns(), charge, points)
-            if outcome is Offer.ACCEPTED:
-                state["taken"] = True
-                metrics.frames_accepted.inc()
+            space.clear()  # cleared before the offer: a wake-up after it is not lost
+            if self._offer(frame, size, charge, state, points) is not Offer.FULL:
                 return
-            if outcome is Offer.DUPLICATE:
-                metrics.frames_duplicate.inc()
-                return
-            if not state["paused"]:
-                state["paused"] = True
-                metrics.backpressure.inc()
-                await self.send(
-                    pb.BridgeMessage(
-                        flow_control=pb.FlowControl(
-                            action=pb.FlowControl.PAUSE, stream_id=frame.stream_id
-                        )
-                    )
-                )
-            if space is None:
-                space = self._edges.space_event((self.session.device_id, frame.stream_id))
-                continue  # offer once more with the event cleared, then wait
             await space.wait()
             if self._edges.draining:
                 return

@@ -73,7 +73,8 @@ class SinkPusher:
     async def run(self) -> None:
         settings = self.settings
         attempt = 0
-        max_msg = settings.max_frame_bytes + 64 * 1024
+        # One frame or one batch, plus protobuf framing (see _send_loop).
+        max_msg = max(settings.max_frame_bytes, settings.sink_batch_bytes) + 64 * 1024
         options = [
             ("grpc.max_send_message_length", max_msg),
             ("grpc.max_receive_message_length", max_msg),
@@ -224,8 +225,13 @@ class SinkPusher:
                     continue
                 if out.replay:
                     replayed.inc()
-                if batching:
-                    head = wire.length_prefix(_IN_BATCH_KEY, out.nbytes)
+                head = wire.length_prefix(_IN_BATCH_KEY, out.nbytes) if batching else b""
+                if frames and nbytes + len(head) + out.nbytes > max_bytes:
+                    # Never past sink_batch_bytes with more than one frame: a message is either
+                    # a batch within the limit or one frame (within max_frame_bytes).
+                    await self._write(call, parts, nbytes, highest)
+                    parts, nbytes, frames = [], 0, 0
+                if head:
                     parts.append(head)
                     nbytes += len(head)
                 parts += out.parts
@@ -252,6 +258,10 @@ class SinkPusher:
         )
         try:
             await call.write(b"".join(parts))
+        except asyncio.InvalidStateError:
+            # The sink ended the call while this write was due: the stream is gone, which the
+            # session loop handles like any sink failure (reconnect, replay), never by dying.
+            raise ConnectionError("sink push stream already finished") from None
         finally:
             if charge is not None:
                 charge.release()

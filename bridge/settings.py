@@ -106,6 +106,9 @@ class Settings:
     sink_batch_bytes: int = 256 * 1024
     sink_batch_frames: int = 64
     max_batch_frames: int = 256  # frames per FrameBatch from an edge (0 = refuse batches)
+    # HTTP/2 receive window of each gRPC ingest call (fixed, no BDP probing): what an edge may
+    # send ahead of our reads. Each open call is charged this much to the memory budget.
+    grpc_window_bytes: int = 64 * 1024
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -251,6 +254,8 @@ def validate(s: Settings) -> list[str]:
             parse_device_tokens(text, s.device_tokens_file)
         except (OSError, ValueError) as exc:
             problems.append(f"device_tokens_file: {exc}")
+    if not 16 * 1024 <= s.grpc_window_bytes <= 64 * MiB:
+        problems.append("grpc_window_bytes: must be between 16384 (16 KiB) and 64 MiB")
     if s.sink_backoff_initial_seconds > s.sink_backoff_max_seconds:
         problems.append("sink_backoff_initial_seconds: must be <= sink_backoff_max_seconds")
     problems += _tls_problems(s)

@@ -76,6 +76,8 @@ HELP: dict[str, str] = {
     "(0 = one frame per Push message)",
     "sink_batch_frames": "most frames per PushBatch message to the sink",
     "max_batch_frames": "most frames an edge may put in one FrameBatch (0 = batches refused)",
+    "grpc_window_bytes": "HTTP/2 receive window of each gRPC ingest call (16 KiB-64 MiB): how "
+    "far an edge may send ahead of the bridge's reads; charged to the memory budget per call",
     "sink_ack_timeout_seconds": "frames in flight to the sink with no ack progress for this "
     "long: the push stream is reset and replayed",
     "sink_keepalive_seconds": "HTTP/2 keepalive ping interval on an idle push channel (gRPC "

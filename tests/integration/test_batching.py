@@ -231,3 +231,25 @@ async def test_grpc_batch_is_taken_like_websocket() -> None:
             assert msg is not None
             replies.append(msg)
         await edge.close()
+
+
+async def test_a_backlog_larger_than_a_frame_limit_still_reaches_the_sink(free_port: int) -> None:
+    """With small frames allowed (max_frame_bytes 20 kB) and the default 256 KiB PushBatch, a
+    backlog of small frames must still go out in messages the push channel accepts: a batch
+    stays within sink_batch_bytes, and the channel's limit covers a whole batch."""
+    port = free_port  # the sink is down: a backlog builds up in the bridge
+    async with running_bridge(
+        sink_address=f"127.0.0.1:{port}", passthrough=True, max_frame_bytes=20_000
+    ) as bridge:
+        edge = EdgeClient("ws", ws_url(bridge), "dev", [StreamConfig("s")])
+        await edge.start()
+        try:
+            for seq in range(1, 61):  # 60 frames of ~12 kB: ~720 kB, several batches
+                await edge.publish("s", cloud_frame("s", seq, n=1000).point_cloud)
+            stream = bridge.core.streams[("dev", "s")]
+            assert await wait_until(lambda: stream.accepted_seq == 60)
+            async with SinkServer(listen=f"127.0.0.1:{port}", fsync=False) as sink:
+                assert await edge.wait_delivered(60)
+                assert sink.record.totals()["delivered"] == 60
+        finally:
+            await edge.close()

@@ -155,8 +155,9 @@ async def test_publish_waits_during_pause_and_loses_nothing(transport: str, free
         sink_address=f"127.0.0.1:{free_port}",
         passthrough=True,
         max_frame_bytes=20_000,
-        # the data budget also holds the session's own state (24 KiB, see README "Memory model")
-        ring_budget_bytes=8 * frame_bytes + 64 * 1024,
+        # the data budget also holds the session's own state (24 KiB) and, on gRPC, the call's
+        # receive window (64 KiB), see README "Memory model"
+        ring_budget_bytes=8 * frame_bytes + 128 * 1024,
     ) as bridge:
         url = url_for(transport, port_of(bridge, transport))
         edge = EdgeClient(url, device_id="dev", streams=[StreamSpec("lidar")])

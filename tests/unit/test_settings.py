@@ -59,3 +59,10 @@ def test_flags_from_argparse() -> None:
 def test_secrets_are_masked() -> None:
     s = settings.Settings(auth_token="hunter2")
     assert s.public_dict()["auth_token"] == "***"
+
+
+@pytest.mark.parametrize("window", [0, 16383, 64 * 1024 * 1024 + 1])
+def test_grpc_window_outside_what_http2_and_the_budget_allow_is_refused(window: int) -> None:
+    with pytest.raises(ConfigError) as info:
+        settings.load({"grpc_window_bytes": str(window)}, {}, None)
+    assert any("grpc_window_bytes" in p for p in info.value.problems)
