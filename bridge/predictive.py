@@ -13,8 +13,9 @@ and only the surprise is coded:
   the other two axes are predicted to move along the ray, by ``round(e_m * p_k / p_m)`` on top
   of the midpoint, clamped to ±(2**30 - 1), so range noise is paid for once, not three times.
 
-Everything is int64 arithmetic that every platform evaluates identically (no floats), so the
-decoder rebuilds exactly the quantized values the encoder saw: decoded coordinates stay within
+Everything is integer arithmetic (int32 coordinates, int64 products) that every platform
+evaluates identically (no floats), so the decoder rebuilds exactly the quantized values the
+encoder saw: decoded coordinates stay within
 ``step / 2`` whatever the order or content of the cloud (scan order only makes it smaller).
 Decoding is vectorized per level (``levels + 1`` passes), not a loop over points.
 
