@@ -122,6 +122,7 @@ _POLICIES = {
     pb.BACKPRESSURE: Policy.BACKPRESSURE,
     pb.DROP_OLDEST: Policy.DROP_OLDEST,
 }
+_LANES = (pb.PRIORITY_CONTROL, pb.PRIORITY_TELEMETRY, pb.PRIORITY_BULK)
 
 
 class BridgeCore:
@@ -135,7 +136,8 @@ class BridgeCore:
         self.egress = EgressLog()
         self.auto_ack = False  # no sink configured: delivered once offered to subscribers
         self._state_charges: dict[str, Charge] = {}  # session id -> its state's charge
-        self._work_queue: deque[Stream] = deque()  # streams with PENDING entries, round robin
+        # Streams with PENDING entries, one round-robin queue per lane (index = lane - 1).
+        self._work_queues: tuple[deque[Stream], ...] = (deque(), deque(), deque())
         self._queued: set[StreamKey] = set()
         self._watermarks: dict[StreamKey, int] = {}
 
@@ -276,6 +278,8 @@ class BridgeCore:
             raise InvalidLayout(
                 f"stream {spec.stream_id!r}: voxel_size must be a finite number >= 0"
             )
+        if spec.priority and spec.priority not in _LANES:
+            raise ProtocolViolation(f"stream {spec.stream_id!r}: unknown priority {spec.priority}")
         if 0 < spec.max_points < MIN_MAX_POINTS:
             raise InvalidLayout(
                 f"stream {spec.stream_id!r}: max_points must be 0 (no budget) or at least "
@@ -287,6 +291,8 @@ class BridgeCore:
             passthrough=spec.passthrough or self.config.default_passthrough,
             policy=_POLICIES.get(spec.overflow, self.config.default_policy),
             max_points=spec.max_points,
+            lane=spec.priority
+            or (pb.PRIORITY_TELEMETRY if spec.kind == KIND_TELEMETRY else pb.PRIORITY_BULK),
         )
 
     def detach(self, session: Session, connection: object, now: float) -> None:
@@ -369,7 +375,7 @@ class BridgeCore:
         self._mark_dirty(stream, urgent=False)
         if stream.key not in self._queued:
             self._queued.add(stream.key)
-            self._work_queue.append(stream)
+            self._work_queues[stream.config.lane - 1].append(stream)
         self.listener.on_work()
         return Offer.ACCEPTED
 
@@ -410,22 +416,26 @@ class BridgeCore:
 
     # -- processing -------------------------------------------------------------------------
     def take_work(self, accept: Callable[[Stream], bool] | None = None) -> WorkItem | None:
-        """Next frame to process, round robin over streams with pending frames (only streams
-        ``accept`` admits, when given: e.g. the cheap ones while every worker is busy)."""
-        for _ in range(len(self._work_queue)):
-            stream = self._work_queue.popleft()
-            if accept is not None and not accept(stream):
-                self._work_queue.append(stream)
-                continue
-            entry = stream.ring.take_pending()
-            if entry is None:
-                self._queued.discard(stream.key)
-                continue
-            self._work_queue.append(stream)
-            frame, layout, points, data = cast(
-                tuple[pb.Frame, CloudLayout | None, int, bytes | memoryview | None], entry.item
-            )
-            return WorkItem(stream, entry, frame, layout, points, data)
+        """Next frame to process: the highest lane with pending frames first, round robin over
+        its streams (only streams ``accept`` admits, when given: e.g. the cheap ones while every
+        worker is busy). Lanes order commits, so the sink and viewers get a telemetry frame
+        before the clouds that were queued with it."""
+        for queue in self._work_queues:
+            for _ in range(len(queue)):
+                stream = queue.popleft()
+                if accept is not None and not accept(stream):
+                    queue.append(stream)
+                    continue
+                entry = stream.ring.take_pending()
+                if entry is None:
+                    self._queued.discard(stream.key)
+                    continue
+                queue.append(stream)
+                frame, layout, points, data = cast(
+                    tuple[pb.Frame, CloudLayout | None, int, bytes | memoryview | None],
+                    entry.item,
+                )
+                return WorkItem(stream, entry, frame, layout, points, data)
         return None
 
     def complete(self, item: WorkItem, result: bytes | tuple[bytes, ...]) -> None:

@@ -25,6 +25,9 @@ class StreamConfig:
     passthrough: bool
     policy: Policy
     max_points: int
+    # Lane (protocol Priority: 1 control, 2 telemetry, 3 bulk): lower lanes are processed, and so
+    # committed and sent, first. Within a lane streams take turns.
+    lane: int = 3
 
 
 @dataclass(eq=False)

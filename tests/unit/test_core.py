@@ -331,3 +331,39 @@ def test_hello_returns_the_connection_it_supersedes() -> None:
     assert core.hello(hello(resume_token=token), "new").superseded is None
     core.detach(again.session, "new", 1.0)
     assert core.hello(hello(), "newer").superseded is None  # detached: nothing left to close
+
+
+def test_higher_lanes_are_processed_first_and_streams_of_a_lane_take_turns() -> None:
+    core, _ = make_core(max_streams=4)
+    specs = [
+        pb.StreamSpec(stream_id="lidar", kind=pb.POINT_CLOUD),  # bulk by default
+        pb.StreamSpec(stream_id="depth", kind=pb.POINT_CLOUD),  # bulk by default
+        pb.StreamSpec(stream_id="tele", kind=pb.TELEMETRY),  # telemetry by default
+        pb.StreamSpec(stream_id="stop", kind=pb.POINT_CLOUD, priority=pb.PRIORITY_CONTROL),
+    ]
+    s, _ = attach(core, pb.Hello(device_id="dev", streams=specs), "c")
+    for seq in (1, 2):
+        core.offer(s, cloud_frame("lidar", seq), 100, 0)
+        core.offer(s, cloud_frame("depth", seq), 100, 0)
+    tele = pb.Frame(stream_id="tele", seq=1)
+    tele.telemetry.values["v"] = 1.0
+    core.offer(s, tele, 50, 0)
+    core.offer(s, cloud_frame("stop", 1), 100, 0)
+    order = []
+    while (item := core.take_work()) is not None:
+        order.append((item.frame.stream_id, item.frame.seq))
+    assert order == [
+        ("stop", 1),
+        ("tele", 1),
+        ("lidar", 1),
+        ("depth", 1),
+        ("lidar", 2),
+        ("depth", 2),
+    ]
+
+
+def test_an_unknown_priority_is_refused() -> None:
+    core, _ = make_core()
+    spec = pb.StreamSpec(stream_id="x", kind=pb.POINT_CLOUD, priority=9)  # type: ignore[arg-type]
+    with pytest.raises(ProtocolViolation):
+        core.hello(pb.Hello(device_id="dev", streams=[spec]), "c")
