@@ -51,6 +51,7 @@ class Scenario:
     lowat: int = -1  # -1: the SDK's default
     sysctl_lowat: int = 0  # net.ipv4.tcp_notsent_lowat in the namespace (0: the default)
     intensity: str = "random"  # "random": float32 noise in [0, 1]; "8bit": k / 255 (sensor-like)
+    grpc_window: int = 0  # the bridge's grpc_window_bytes (0: its default)
 
 
 SCENARIOS = [
@@ -58,6 +59,7 @@ SCENARIOS = [
     Scenario("ws, lanes on"),
     Scenario("grpc, lanes off", transport="grpc", lanes=False),
     Scenario("grpc, lanes on", transport="grpc"),
+    Scenario("grpc window 16 KiB, lanes on", transport="grpc", grpc_window=16 * 1024),
     Scenario("ws, lanes on, zstd", codec="zstd"),
     Scenario("ws, lanes on, quantized 1 mm", codec="quantized"),
     Scenario(
@@ -230,6 +232,7 @@ async def run_scenario(sc: Scenario, seconds: float, warmup: float) -> dict[str,
         cmd = serve_command(
             "--ws-port", str(WS_PORT), "--grpc-port", str(GRPC_PORT), "--http-port", "0",
             "--sink-address", sink.address, "--voxel-size", "0.2",
+            *([f"--grpc-window-bytes={sc.grpc_window}"] if sc.grpc_window else []),
         )  # fmt: skip
         bridge = await ChildProcess.start(cmd, env={"BRIDGE_ADAPT": "false"}, cwd=ROOT)
         edge = None
