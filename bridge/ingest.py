@@ -3,11 +3,9 @@
 The WebSocket and gRPC adapters wrap each connection in an ``EdgeTransport`` and hand it to
 :meth:`EdgeRegistry.serve`; every rule lives in the core, so both transports behave identically.
 The registry owns what connections share: the live set, the per-stream "space freed" events, the
-ack wake-ups and the draining flag. Backpressure: when a ring is full a connection stops reading
-(the transport's own flow control then stops the sender) and tells the edge with
-``FlowControl PAUSE`` / ``RESUME``; the same happens, session-wide, while the transport waits for
-the memory governor to grant the next message's bytes. Each message's charge is handed to its
-ring on acceptance, or released here exactly once.
+ack wake-ups and the draining flag. Offers, PAUSE/RESUME and the frames waiting for room live in
+:mod:`bridge.admission`; each message's charge is handed to its ring on acceptance, or released
+exactly once.
 """
 
 from __future__ import annotations
@@ -22,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge import codec
-from bridge.core import SPLIT_DATA_BYTES, Offer
+from bridge.admission import Admission
+from bridge.core import SPLIT_DATA_BYTES
 from bridge.credentials import DeviceTokenFile
 from bridge.errors import (
     FrameTooLarge,
@@ -209,18 +208,9 @@ class EdgeConnection:
         self._send_lock = asyncio.Lock()
         self._task: asyncio.Task[Any] | None = None
         self._superseded = False
-        self._flow_want = False  # session-wide PAUSE wanted (a receive grant is waiting)
-        self._flow_sent = False
-        self._flow_task: asyncio.Future[None] | None = None
         self._uplink: Uplink | None = None  # chunks and codecs (bridge.uplink)
         self._decoder: OffLoopDecoder | None = None  # large encoded clouds (bridge.offload)
-        self._last_size = 0  # the last message's bytes: the low watermark's unit
-        # A frame whose ring is full waits on its own task, so the edge's other streams keep
-        # being read (telemetry never waits behind a paused cloud stream). One per stream: a
-        # second frame of a parked stream waits for the first (order within a stream).
-        self._parked: dict[str, asyncio.Future[None]] = {}
-        self._park_tasks: set[asyncio.Task[None]] = set()
-        self._paused_streams: set[str] = set()  # PAUSE sent, RESUME not yet
+        self._admission: Admission | None = None  # offers and flow control (bridge.admission)
 
     def wake_acks(self, *, urgent: bool) -> None:
         self._acks_due.set()
@@ -256,6 +246,7 @@ class EdgeConnection:
                 attached = core.hello(msg.hello, self, identity_proven=proven)
                 self.session, welcome = attached.session, attached.welcome
                 self._uplink = Uplink(msg.hello, self.session.streams, self._config.limits)
+                self._admission = Admission(core, edges, self.session, metrics, self.send)
                 edges.supersede(attached.superseded)
             except ProtocolError as exc:
                 await self._refuse(exc, fatal=True)
@@ -287,12 +278,8 @@ class EdgeConnection:
         finally:
             if ack_task is not None:
                 ack_task.cancel()
-            if self._flow_task is not None:
-                self._flow_task.cancel()
-            for task in list(self._park_tasks):
-                task.cancel()
-            if self._park_tasks:  # each releases its frame's charge
-                await asyncio.gather(*self._park_tasks, return_exceptions=True)
+            if self._admission is not None:  # parked frames release their charges
+                await self._admission.close()
             if self._uplink is not None:
                 self._uplink.close()
             edges.unregister(self)
@@ -364,12 +351,14 @@ class EdgeConnection:
         received_frames = metrics.frames_received.labels(transport)
         received_bytes = metrics.bytes_received.labels(transport)
         limits = self._config.limits
-        assert self.session is not None
+        admission = self._admission
+        assert self.session is not None and admission is not None
         while True:
             received = await self.transport.recv()
             if received is None:
                 return
-            size = self._last_size = len(received.data)
+            size = len(received.data)
+            admission.last_size = size
             received_frames.inc()
             received_bytes.inc(size)
             frame: pb.Frame | None = None
@@ -462,182 +451,15 @@ class EdgeConnection:
         return True
 
     def _on_grant_wait(self, waiting: bool) -> None:
-        """Reading stopped for a memory grant: tell the whole session to pause (and resume).
-        Then let ``drop_oldest`` streams give way first: they chose losing old frames over
-        stalling (this may grant at once, and then RESUME follows the PAUSE)."""
-        if waiting:
-            self._metrics.backpressure.inc()
-        self._flow_want = waiting
-        if self.session is not None and self._flow_task is None:
-            # One sender, whatever the edge reads: a peer that never reads blocks it, and
-            # flips in between only update what it sends next (bounded, in order).
-            self._flow_task = asyncio.ensure_future(self._flow_sender())
-        if waiting:
-            self._core.reclaim_for_waiters()
-
-    async def _flow_sender(self) -> None:
-        try:
-            while self._flow_want != self._flow_sent:
-                want = self._flow_want
-                if not want:
-                    # Hysteresis: a grant right after a wait means room for one message; a
-                    # RESUME then would bring a PAUSE back after the next one. Wait until the
-                    # session's rings drained to their low watermark.
-                    await self._until_session_drained()
-                    if self._flow_want:
-                        continue
-                action = pb.FlowControl.PAUSE if want else pb.FlowControl.RESUME
-                msg = pb.BridgeMessage(flow_control=pb.FlowControl(action=action))
-                with contextlib.suppress(ConnectionError):
-                    await self.send(msg)
-                self._flow_sent = want
-        finally:
-            self._flow_task = None
+        """Reading stopped (or resumed) for a memory grant: session-wide flow control."""
+        if self._admission is not None:
+            self._admission.on_grant_wait(waiting)
 
     async def _admit(
         self, frame: pb.Frame, size: int, charge: Charge, points: memoryview | None = None
     ) -> None:
-        """Offer once; a full ring parks the frame on its own task (which takes over ``charge``)
-        and reading goes on. Otherwise (accepted, a duplicate, an error, cancelled) ``charge``
-        is taken by the ring or released here, exactly once."""
-        stream_id = frame.stream_id
-        parked = self._parked.get(stream_id)
-        if parked is not None:
-            try:  # order within a stream: after the frame already waiting
-                await asyncio.wait({parked})
-            except BaseException:
-                charge.release()
-                raise
-        state = {"taken": False}
-        try:
-            outcome = self._offer(frame, size, charge, state, points)
-            if outcome is Offer.FULL:
-                await self._pause(stream_id)
-                if self._edges.draining:
-                    return  # not accepted, not acked: the edge resends it after reconnecting
-                self._park(frame, size, charge, points)
-                state["taken"] = True  # the parked task owns it now
-        finally:
-            if not state["taken"]:
-                charge.release()
-
-    def _offer(
-        self,
-        frame: pb.Frame,
-        size: int,
-        charge: Charge,
-        state: dict[str, bool],
-        points: memoryview | None,
-    ) -> Offer:
-        assert self.session is not None
-        outcome = self._core.offer(self.session, frame, size, time.time_ns(), charge, points)
-        if outcome is Offer.ACCEPTED:
-            state["taken"] = True
-            self._metrics.frames_accepted.inc()
-        elif outcome is Offer.DUPLICATE:
-            self._metrics.frames_duplicate.inc()
-        return outcome
-
-    async def _pause(self, stream_id: str) -> None:
-        """PAUSE the stream once (until its RESUME), counted as backpressure."""
-        if stream_id in self._paused_streams:
-            return
-        self._paused_streams.add(stream_id)
-        self._metrics.backpressure.inc()
-        await self.send(
-            pb.BridgeMessage(
-                flow_control=pb.FlowControl(action=pb.FlowControl.PAUSE, stream_id=stream_id)
-            )
-        )
-
-    def _park(self, frame: pb.Frame, size: int, charge: Charge, points: memoryview | None) -> None:
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._parked[frame.stream_id] = done
-        task = asyncio.create_task(self._parked_frame(frame, size, charge, points, done))
-        self._park_tasks.add(task)
-        task.add_done_callback(self._park_done)
-
-    def _park_done(self, task: asyncio.Task[None]) -> None:
-        self._park_tasks.discard(task)
-        exc = None if task.cancelled() else task.exception()
-        if exc is not None and not isinstance(exc, ConnectionError):
-            log.error("parked frame failed: %r", exc)
-
-    async def _parked_frame(
-        self,
-        frame: pb.Frame,
-        size: int,
-        charge: Charge,
-        points: memoryview | None,
-        done: asyncio.Future[None],
-    ) -> None:
-        """Wait for room and offer until the ring takes the frame; the last one parked on a
-        paused stream then sends its RESUME once the ring drained to its low watermark."""
-        stream_id = frame.stream_id
-        state = {"taken": False}
-        try:
-            await self._offer_until_taken(frame, size, charge, state, points)
-        finally:
-            if not state["taken"]:
-                charge.release()
-            if self._parked.get(stream_id) is done:
-                del self._parked[stream_id]
-            if not done.done():
-                done.set_result(None)
-        if stream_id in self._parked or stream_id not in self._paused_streams:
-            return  # a newer parked frame of this stream sends the RESUME
-        # Hysteresis: RESUME only once the ring drained to its low watermark.
-        if not await self._until_resume_ready(stream_id, size):
-            return
-        if stream_id in self._parked:
-            return
-        self._paused_streams.discard(stream_id)
-        with contextlib.suppress(ConnectionError):
-            await self.send(
-                pb.BridgeMessage(
-                    flow_control=pb.FlowControl(action=pb.FlowControl.RESUME, stream_id=stream_id)
-                )
-            )
-
-    async def _until_session_drained(self) -> None:
-        session = self.session
-        if session is None:
-            return
-        for stream_id in list(session.streams):
-            if not await self._until_resume_ready(stream_id, self._last_size):
-                return
-
-    async def _until_resume_ready(self, stream_id: str, size: int) -> bool:
-        """Wait until the paused stream's ring is down to its low watermark (False: draining)."""
-        core = self._core
-        assert self.session is not None
-        while not core.resume_ready(self.session, stream_id, size):
-            space = self._edges.space_event((self.session.device_id, stream_id))
-            space.clear()
-            if core.resume_ready(self.session, stream_id, size):
-                break
-            await space.wait()
-            if self._edges.draining:
-                return False
-        return True
-
-    async def _offer_until_taken(
-        self,
-        frame: pb.Frame,
-        size: int,
-        charge: Charge,
-        state: dict[str, bool],
-        points: memoryview | None = None,
-    ) -> None:
-        assert self.session is not None
-        space = self._edges.space_event((self.session.device_id, frame.stream_id))
-        while True:
-            space.clear()  # cleared before the offer: a wake-up after it is not lost
-            if self._offer(frame, size, charge, state, points) is not Offer.FULL:
-                return
-            await space.wait()
-            if self._edges.draining:
-                return
+        assert self._admission is not None
+        await self._admission.admit(frame, size, charge, points)
 
     async def _refuse(
         self, exc: ProtocolError, *, fatal: bool, frame: pb.Frame | None = None

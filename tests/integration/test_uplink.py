@@ -101,7 +101,8 @@ def big_cloud(points: int = 150_000) -> np.ndarray:
 
 async def arrival_order(transport: str, **client: Any) -> list[tuple[str, int]]:
     """Publish a ~1.8 MB cloud, then (once it is on its way) a telemetry frame, over a 3 MB/s
-    link; return the order in which the sink received them."""
+    link; return the order in which the bridge received them (their ingest times, as the sink
+    records them: the bridge's own lanes may reorder frames it holds at the same time)."""
     arrivals: list[pb.ProcessedFrame] = []
     streams = [StreamSpec("lidar"), StreamSpec("status", kind="telemetry")]
     async with bridge_and_sink(arrivals) as (bridge, _sink):
@@ -113,6 +114,7 @@ async def arrival_order(transport: str, **client: Any) -> list[tuple[str, int]]:
                 await asyncio.sleep(0.1)  # the cloud is being sent (it needs ~0.6 s)
                 await edge.publish("status", {"battery": 0.5})
                 await edge.drain(timeout=30)
+    arrivals.sort(key=lambda f: f.ingest_time_ns)
     return [(f.stream_id, f.seq) for f in arrivals]
 
 
