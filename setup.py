@@ -145,6 +145,7 @@ if MODE != "no":
                     "cpu_team",
                     "cpu_scratch",
                     "cpu_hash",
+                    "cpu_hash_direct",
                     "cpu_estimate",
                 )
             ],

@@ -193,6 +193,60 @@ static inline size_t sbvi_slots(const sbv_cloud *in, uint32_t *slot_of) {
     return slots;
 }
 
+/* ---- the hash path's table (cpu_hash.c; its direct pass is in cpu_hash_direct.c) ---- */
+
+typedef struct {
+    uint64_t key;
+    uint64_t vid;
+} sbvi_slot;
+
+typedef struct {
+    sbvi_slot *table; /* open addressing, linear probing, SBVI_EMPTY_KEY marks a free slot */
+    size_t mask;
+    int shift;
+    sbv_acc *rows;    /* w words per voxel: sum x, sum y, sum z, count, then the other fields */
+    size_t w;
+    uint64_t *vkey;   /* key of each voxel, by voxel number */
+    size_t m, limit;
+} sbvi_hstate;
+
+enum { SBVI_F_XYZ = 0, SBVI_F_COLOR = 1, SBVI_F_ANY = 2 }; /* fields besides x/y/z */
+
+SBV_INTERNAL void sbvi_rehash(sbvi_hstate *hs, size_t cap);
+
+/* Number of the voxel with packed key `key`, its row created zeroed if new; -1 when the
+ * voxel limit is hit. */
+static inline int64_t sbvi_voxel_id(sbvi_hstate *hs, uint64_t key) {
+    size_t h = (size_t)(sbvi_mix(key) >> hs->shift);
+    for (;;) {
+        const sbvi_slot *s = &hs->table[h];
+        if (s->key == key) return (int64_t)s->vid;
+        if (s->key == SBVI_EMPTY_KEY) break;
+        h = (h + 1) & hs->mask;
+    }
+    if (hs->m == hs->limit) return -1;
+    const size_t v = hs->m++;
+    hs->table[h] = (sbvi_slot){key, v};
+    hs->vkey[v] = key;
+    memset(hs->rows + v * hs->w, 0, hs->w * sizeof *hs->rows);
+    if (2 * hs->m > hs->mask + 1) sbvi_rehash(hs, 2 * (hs->mask + 1));
+    return (int64_t)v;
+}
+
+/* Give up early when the voxels found so far, projected over the whole cloud, exceed the
+ * limit (checked every 128 new voxels, after the first 1/16 of the points): the sampled
+ * estimate can be far too low (lidar: a few dense voxels near the sensor, many sparse far
+ * ones), and a late give-up would waste most of a pass. New voxels keep appearing at a
+ * steady rate along scan lines and beams, so the projection is a fair guide. */
+static inline int sbvi_projected_over(const sbvi_hstate *hs, size_t done, size_t n) {
+    return (hs->m & 127) == 0 && done >= n / 16 &&
+           (double)hs->m * (double)n > (double)hs->limit * (double)done;
+}
+
+/* The accumulate pass without a pipeline (fused float32 keys, table in cache); fm is
+ * SBVI_F_XYZ or SBVI_F_COLOR. SBV_OK or SBVI_HASH_FULL. */
+SBV_INTERNAL int sbvi_accumulate_direct(job_t *job, sbvi_hstate *hs, int fm);
+
 /* The ways to finish once bounds are known (each writes job->out, sets *out_points). */
 SBV_INTERNAL int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t err_len);
 SBV_INTERNAL int sbvi_dense_fits(job_t *job, const double klo[3], const double khi[3], size_t nf);
