@@ -23,29 +23,6 @@
 #define EMPTY_KEY SBVI_EMPTY_KEY
 #define AI __attribute__((always_inline))
 
-/* x, y, z of four records, one vector per axis; r[j] = (x, y, z, ?) of record j. Packed:
- * 16-byte loads from rec + xo (the caller keeps them inside the cloud). */
-static inline AI void load4(const unsigned char *rec, size_t stride, const sbv_plan *pl,
-                            const int packed, __m128 r[4], __m128 *X, __m128 *Y, __m128 *Z) {
-    for (int j = 0; j < 4; j++) {
-        const unsigned char *p = rec + (size_t)j * stride;
-        if (packed) {
-            r[j] = _mm_loadu_ps((const float *)(const void *)(p + pl->x_off));
-        } else {
-            float x, y, z;
-            memcpy(&x, p + pl->x_off, 4);
-            memcpy(&y, p + pl->y_off, 4);
-            memcpy(&z, p + pl->z_off, 4);
-            r[j] = _mm_setr_ps(x, y, z, 0.0f);
-        }
-    }
-    const __m128 t0 = _mm_unpacklo_ps(r[0], r[1]), t1 = _mm_unpacklo_ps(r[2], r[3]);
-    const __m128 t2 = _mm_unpackhi_ps(r[0], r[1]), t3 = _mm_unpackhi_ps(r[2], r[3]);
-    *X = _mm_movelh_ps(t0, t1);
-    *Y = _mm_movehl_ps(t1, t0);
-    *Z = _mm_movelh_ps(t2, t3);
-}
-
 /* floor(q) biased by 2^20 (lanes of dropped points wrap; they are masked later) */
 static inline AI __m128i floor_biased(__m128 P, __m128 V) {
     const __m128 q = _mm_div_ps(P, V); /* IEEE division, as floorf(p / v) */
@@ -57,11 +34,7 @@ static inline AI __m128i floor_biased(__m128 P, __m128 V) {
 /* Fused keys of four points (EMPTY_KEY for dropped ones); out-of-range lanes of finite
  * points are or-ed into *out. */
 static inline AI void keys4(__m128 X, __m128 Y, __m128 Z, __m128 V, __m128i *out, uint64_t key[4]) {
-    const __m128 zero = _mm_setzero_ps();
-    const __m128 fin = _mm_and_ps(_mm_and_ps(_mm_cmpeq_ps(_mm_sub_ps(X, X), zero),
-                                             _mm_cmpeq_ps(_mm_sub_ps(Y, Y), zero)),
-                                  _mm_cmpeq_ps(_mm_sub_ps(Z, Z), zero)); /* false: NaN, inf */
-    const __m128i ok = _mm_castps_si128(fin), zi = _mm_setzero_si128();
+    const __m128i ok = _mm_castps_si128(sbvi_finite4(X, Y, Z)), zi = _mm_setzero_si128();
     const __m128i ux = floor_biased(X, V), uy = floor_biased(Y, V), uz = floor_biased(Z, V);
     *out = _mm_or_si128(*out, _mm_and_si128(_mm_srli_epi32(_mm_or_si128(_mm_or_si128(ux, uy), uz), FB), ok));
     const __m128i bad = _mm_xor_si128(ok, _mm_set1_epi32(-1));
@@ -81,12 +54,7 @@ static inline AI int pass(job_t *job, sbvi_hstate *hs, const int fm, const int p
     for (size_t f = 0; f < in->n_fields; f++)
         if (in->fields[f].role < SBV_ROLE_X) col_off = in->fields[f].offset;
     /* groups of four while every 16-byte load stays inside the cloud */
-    size_t safe = n;
-    if (packed) {
-        const size_t bytes = n * stride;
-        safe = bytes >= (size_t)pl->x_off + 16 ? (bytes - pl->x_off - 16) / stride + 1 : 0;
-        safe = safe < n ? safe : n;
-    }
+    const size_t safe = sbvi_load16_points(job);
     sbv_acc *const spare = hs->rows + hs->limit * hs->w; /* dropped points: summed, not written */
     sbv_acc *row = spare;
     uint64_t cur = EMPTY_KEY;
@@ -149,7 +117,7 @@ static inline AI int pass(job_t *job, sbvi_hstate *hs, const int fm, const int p
     size_t i = 0;
     for (; i + 4 <= safe; i += 4, rec += 4 * stride) {
         __m128 r[4], X, Y, Z;
-        load4(rec, stride, pl, packed, r, &X, &Y, &Z);
+        sbvi_load4(rec, stride, pl, packed, r, &X, &Y, &Z);
         keys4(X, Y, Z, V, &out, k);
         if (fm == SBVI_F_COLOR && (run += 4) >= ((size_t)1 << 24)) FLUSH();
         if (k[0] == cur && k[1] == cur && k[2] == cur && k[3] == cur) {

@@ -14,6 +14,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include <emmintrin.h>
+
 #include "sbv_body.h"
 
 /* Internal symbols stay out of the shared library's exports. */
@@ -142,6 +144,45 @@ static inline double key_of(const job_t *job, double p) {
 static inline int64_t floor_i64(float q) {
     int64_t k = (int64_t)q;
     return (float)k > q ? k - 1 : k;
+}
+
+/* x, y, z of four records (SSE2), one vector per axis; r[j] = (x, y, z, ?) of record j. Packed:
+ * 16-byte loads from rec + xo (the caller keeps them inside the cloud). */
+static inline __attribute__((always_inline)) void sbvi_load4(const unsigned char *rec, size_t stride, const sbv_plan *pl,
+                                  const int packed, __m128 r[4], __m128 *X, __m128 *Y, __m128 *Z) {
+    for (int j = 0; j < 4; j++) {
+        const unsigned char *p = rec + (size_t)j * stride;
+        if (packed) {
+            r[j] = _mm_loadu_ps((const float *)(const void *)(p + pl->x_off));
+        } else {
+            float x, y, z;
+            memcpy(&x, p + pl->x_off, 4);
+            memcpy(&y, p + pl->y_off, 4);
+            memcpy(&z, p + pl->z_off, 4);
+            r[j] = _mm_setr_ps(x, y, z, 0.0f);
+        }
+    }
+    const __m128 t0 = _mm_unpacklo_ps(r[0], r[1]), t1 = _mm_unpacklo_ps(r[2], r[3]);
+    const __m128 t2 = _mm_unpackhi_ps(r[0], r[1]), t3 = _mm_unpackhi_ps(r[2], r[3]);
+    *X = _mm_movelh_ps(t0, t1);
+    *Y = _mm_movehl_ps(t1, t0);
+    *Z = _mm_movelh_ps(t2, t3);
+}
+
+/* How many leading points of the cloud sbvi_load4 may read with 16-byte loads (packed x, y,
+ * z: the load runs 4 bytes past z, into the next record, never past the cloud). */
+static inline size_t sbvi_load16_points(const job_t *job) {
+    if (!job->plan.xyz_packed) return job->in->points;
+    const size_t bytes = job->in->points * job->stride, xo = job->plan.x_off;
+    const size_t safe = bytes >= xo + 16 ? (bytes - xo - 16) / job->stride + 1 : 0;
+    return safe < job->in->points ? safe : job->in->points;
+}
+
+/* All-ones lanes where x, y and z are all finite (p - p is NaN for NaN and +-inf). */
+static inline __m128 sbvi_finite4(__m128 X, __m128 Y, __m128 Z) {
+    const __m128 zero = _mm_setzero_ps();
+    return _mm_and_ps(_mm_and_ps(_mm_cmpeq_ps(_mm_sub_ps(X, X), zero), _mm_cmpeq_ps(_mm_sub_ps(Y, Y), zero)),
+                      _mm_cmpeq_ps(_mm_sub_ps(Z, Z), zero));
 }
 
 /* Add one field of one record to its slot(s) of a voxel's sums. */

@@ -51,23 +51,62 @@ static void phase_pack(job_t *job, int t) {
             typedef int32_t v4i __attribute__((vector_size(16)));
             const v4f vv = {v, v, v, 1.0f};
             const v4u km = {(uint32_t)kmin0, (uint32_t)kmin1, (uint32_t)kmin2, 0};
-            for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, rec += stride) {
-                float x, y, z;
-                memcpy(&x, rec + xo, 4);
-                memcpy(&y, rec + yo, 4);
-                memcpy(&z, rec + zo, 4);
-                if (!(isfinite(x) && isfinite(y) && isfinite(z))) continue;
-                const v4f q = (v4f){x, y, z, 0.0f} / vv;
-                const v4i tr = __builtin_convertvector(q, v4i);
-                const v4u u = (v4u)tr + (v4u)(__builtin_convertvector(tr, v4f) > q) - km;
-                const uint64_t item =
-                    ((((uint64_t)u[0] << by | u[1]) << bz | u[2]) << ib) | (uint64_t)i;
-                *dst++ = item;
-                h2a[shr(item, top_shift)]++;
-                uint32_t *sw = h2a;
-                h2a = h2b;
-                h2b = sw;
+#define ONE(I, REC)                                                                               \
+    do {                                                                                          \
+        float x, y, z;                                                                            \
+        memcpy(&x, (REC) + xo, 4);                                                                \
+        memcpy(&y, (REC) + yo, 4);                                                                \
+        memcpy(&z, (REC) + zo, 4);                                                                \
+        if (!(isfinite(x) && isfinite(y) && isfinite(z))) break;                                  \
+        const v4f q = (v4f){x, y, z, 0.0f} / vv;                                                  \
+        const v4i tr = __builtin_convertvector(q, v4i);                                           \
+        const v4u u = (v4u)tr + (v4u)(__builtin_convertvector(tr, v4f) > q) - km;                 \
+        const uint64_t item = ((((uint64_t)u[0] << by | u[1]) << bz | u[2]) << ib) | (uint64_t)(I); \
+        *dst++ = item;                                                                            \
+        h2a[shr(item, top_shift)]++;                                                              \
+        uint32_t *sw = h2a;                                                                       \
+        h2a = h2b;                                                                                \
+        h2b = sw;                                                                                 \
+    } while (0)
+            /* Four points at a time (sbvi_load4; keys and items in SSE registers, the same
+             * formula); a group with a dropped point goes point by point. */
+            const size_t safe = sbvi_load16_points(job);
+            const size_t hi4 = job->chunk[t + 1] < safe ? job->chunk[t + 1] : safe;
+            const __m128 V = _mm_set1_ps(v);
+            const __m128i KX = _mm_set1_epi32((int)kmin0), KY = _mm_set1_epi32((int)kmin1);
+            const __m128i KZ = _mm_set1_epi32((int)kmin2), zi = _mm_setzero_si128();
+            const __m128i shx = _mm_cvtsi32_si128(by + bz + ib), shy = _mm_cvtsi32_si128(bz + ib);
+            const __m128i shz = _mm_cvtsi32_si128(ib);
+            size_t i = job->chunk[t];
+            for (; i + 4 <= hi4; i += 4, rec += 4 * stride) {
+                __m128 r[4], X, Y, Z;
+                sbvi_load4(rec, stride, &job->plan, job->plan.xyz_packed, r, &X, &Y, &Z);
+                if (_mm_movemask_ps(sbvi_finite4(X, Y, Z)) != 15) {
+                    for (size_t j = 0; j < 4; j++) ONE(i + j, rec + j * stride);
+                    continue;
+                }
+#define UKEY(P, K)                                                                                \
+    _mm_sub_epi32(_mm_add_epi32(_mm_cvttps_epi32(_mm_div_ps(P, V)),                               \
+                                _mm_castps_si128(_mm_cmpgt_ps(                                    \
+                                    _mm_cvtepi32_ps(_mm_cvttps_epi32(_mm_div_ps(P, V))), _mm_div_ps(P, V)))), \
+                  K)
+                const __m128i ux = UKEY(X, KX), uy = UKEY(Y, KY), uz = UKEY(Z, KZ);
+#undef UKEY
+#define ITEMS(UNPACK, I0)                                                                         \
+    _mm_or_si128(_mm_or_si128(_mm_sll_epi64(UNPACK(ux, zi), shx), _mm_sll_epi64(UNPACK(uy, zi), shy)), \
+                 _mm_or_si128(_mm_sll_epi64(UNPACK(uz, zi), shz),                                 \
+                              _mm_set_epi64x((long long)(I0) + 1, (long long)(I0))))
+                _mm_storeu_si128((__m128i *)(void *)dst, ITEMS(_mm_unpacklo_epi32, i));
+                _mm_storeu_si128((__m128i *)(void *)(dst + 2), ITEMS(_mm_unpackhi_epi32, i + 2));
+#undef ITEMS
+                h2a[shr(dst[0], top_shift)]++;
+                h2b[shr(dst[1], top_shift)]++;
+                h2a[shr(dst[2], top_shift)]++;
+                h2b[shr(dst[3], top_shift)]++;
+                dst += 4;
             }
+            for (; i < job->chunk[t + 1]; i++, rec += stride) ONE(i, rec);
+#undef ONE
         } else {
             for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, rec += stride) {
                 float x, y, z;
