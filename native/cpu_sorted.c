@@ -147,6 +147,42 @@ static void phase_scatter(job_t *job, int t) {
     for (; src < end; src++) tmp[offs[shr(*src, top_shift)]++] = *src;
 }
 
+/* One LSD pass of a digit (width bits at shift sh) from src into dst, offsets from counts c. */
+static inline void radix_pass(const uint64_t *src, uint64_t *dst, size_t n, int sh, int width, uint32_t *c) {
+    const uint64_t mask = ((uint64_t)1 << width) - 1;
+    uint32_t sum = 0;
+    for (size_t d = 0; d <= mask; d++) {
+        const uint32_t k = c[d];
+        c[d] = sum;
+        sum += k;
+    }
+    for (size_t i = 0; i < n; i++) dst[c[(src[i] >> sh) & mask]++] = src[i];
+}
+
+/* radix_bucket for at most two digits (up to 18 bits), 32-bit counts, both histograms from
+ * one read with the digit extraction unrolled; the result ends in a. */
+static void radix_two(uint64_t *a, uint64_t *b, size_t n, int lo_bit, int bits) {
+    const int w0 = bits > 9 ? (bits + 1) / 2 : bits, w1 = bits - w0;
+    const int s0 = lo_bit, s1 = lo_bit + w0;
+    const uint64_t m0 = ((uint64_t)1 << w0) - 1, m1 = ((uint64_t)1 << w1) - 1;
+    uint32_t c0[1 << 9], c1[1 << 9];
+    memset(c0, 0, (m0 + 1) * sizeof c0[0]);
+    memset(c1, 0, (m1 + 1) * sizeof c1[0]);
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t v = a[i];
+        c0[(v >> s0) & m0]++;
+        c1[(v >> s1) & m1]++;
+    }
+    const int do0 = c0[(a[0] >> s0) & m0] != n, do1 = w1 > 0 && c1[(a[0] >> s1) & m1] != n;
+    if (do0 && do1) {
+        radix_pass(a, b, n, s0, w0, c0);
+        radix_pass(b, a, n, s1, w1, c1);
+    } else if (do0 || do1) {
+        radix_pass(a, b, n, do0 ? s0 : s1, do0 ? w0 : w1, do0 ? c0 : c1);
+        memcpy(a, b, n * sizeof *a);
+    }
+}
+
 /* Stable LSD radix sort of a[0..n) on bits [lo_bit, lo_bit + bits), using b as scratch.
  * Leaves the result in a. */
 static void radix_bucket(uint64_t *a, uint64_t *b, size_t n, int lo_bit, int bits) {
@@ -166,6 +202,10 @@ static void radix_bucket(uint64_t *a, uint64_t *b, size_t n, int lo_bit, int bit
      * than 8 + 8 + 1), and every digit's histogram from one read. */
     enum { MAXD = 8, MAXW = 9 };
     const int passes = (bits + MAXW - 1) / MAXW;
+    if (passes <= 2 && n < UINT32_MAX) {
+        radix_two(a, b, n, lo_bit, bits);
+        return;
+    }
     int width[MAXD], shift[MAXD];
     for (int p = 0, at = lo_bit, left = bits; p < passes; p++) {
         width[p] = (left + (passes - p) - 1) / (passes - p);

@@ -41,7 +41,7 @@ static void phase_bounds(job_t *job, int t) {
             __m128 r[4], X, Y, Z;
             sbvi_load4(rec, stride, &job->plan, job->plan.xyz_packed, r, &X, &Y, &Z);
             const __m128 fin = sbvi_finite4(X, Y, Z);
-            count += (size_t)__builtin_popcount((unsigned)_mm_movemask_ps(fin));
+            count += (size_t)((0x4332322132212110ull >> (4 * _mm_movemask_ps(fin))) & 15); /* popcount */
 #define KEEP(P, E) _mm_or_ps(_mm_and_ps(fin, P), _mm_andnot_ps(fin, E))
             LX = _mm_min_ps(LX, KEEP(X, pinf));
             LY = _mm_min_ps(LY, KEEP(Y, pinf));
