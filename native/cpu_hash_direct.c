@@ -46,7 +46,8 @@ static inline AI void keys4(__m128 X, __m128 Y, __m128 Z, __m128 V, __m128i *out
 #undef PACK
 }
 
-static inline AI int pass(job_t *job, sbvi_hstate *hs, const int fm, const int packed) {
+/* cin: the colour is the 4 bytes right after z, so it is lane 3 of the 16-byte loads. */
+static inline AI int pass(job_t *job, sbvi_hstate *hs, const int fm, const int packed, const int cin) {
     const sbv_cloud *in = job->in;
     const size_t n = in->points, stride = job->stride;
     const sbv_plan *pl = &job->plan;
@@ -121,12 +122,33 @@ static inline AI int pass(job_t *job, sbvi_hstate *hs, const int fm, const int p
         keys4(X, Y, Z, V, &out, k);
         if (fm == SBVI_F_COLOR && (run += 4) >= ((size_t)1 << 24)) FLUSH();
         if (k[0] == cur && k[1] == cur && k[2] == cur && k[3] == cur) {
+            if (cur == EMPTY_KEY) { /* dropped points: only their count is used */
+                cnt += 4;
+                continue;
+            }
+            if (fm == SBVI_F_COLOR && cin) {
+                /* x, y, z one point at a time; the four colours, already loaded as lane 3 of
+                 * r[], summed per channel in 16-bit lanes (4 * 255 fits) */
+                for (int j = 0; j < 4; j++) {
+                    sxy = _mm_add_pd(sxy, _mm_cvtps_pd(r[j]));
+                    sz = _mm_add_sd(sz, _mm_cvtps_pd(_mm_movehl_ps(r[j], r[j])));
+                }
+                cnt += 4;
+                const __m128i c4 = _mm_castps_si128(
+                    _mm_movehl_ps(_mm_unpackhi_ps(r[2], r[3]), _mm_unpackhi_ps(r[0], r[1])));
+                const __m128i s2 = _mm_add_epi16(_mm_unpacklo_epi8(c4, zi), _mm_unpackhi_epi8(c4, zi));
+                col = _mm_add_epi32(col, _mm_unpacklo_epi16(_mm_add_epi16(s2, _mm_srli_si128(s2, 8)), zi));
+                continue;
+            }
             for (int j = 0; j < 4; j++) ADD(r[j], rec + (size_t)j * stride);
             continue;
         }
         for (int j = 0; j < 4; j++) {
             if (k[j] != cur) SWITCH(k[j], i + (size_t)j);
-            ADD(r[j], rec + (size_t)j * stride);
+            if (cur == EMPTY_KEY)
+                cnt++;
+            else
+                ADD(r[j], rec + (size_t)j * stride);
         }
     }
     for (; i < n; i++, rec += stride) { /* the last points, one at a time */
@@ -149,6 +171,12 @@ static inline AI int pass(job_t *job, sbvi_hstate *hs, const int fm, const int p
 
 int sbvi_accumulate_direct(job_t *job, sbvi_hstate *hs, int fm) {
     const int packed = job->plan.xyz_packed;
-    if (fm == SBVI_F_COLOR) return packed ? pass(job, hs, SBVI_F_COLOR, 1) : pass(job, hs, SBVI_F_COLOR, 0);
-    return packed ? pass(job, hs, SBVI_F_XYZ, 1) : pass(job, hs, SBVI_F_XYZ, 0);
+    if (fm == SBVI_F_COLOR) {
+        uint32_t col_off = 0;
+        for (size_t f = 0; f < job->in->n_fields; f++)
+            if (job->in->fields[f].role < SBV_ROLE_X) col_off = job->in->fields[f].offset;
+        if (packed && col_off == job->plan.x_off + 12) return pass(job, hs, SBVI_F_COLOR, 1, 1);
+        return packed ? pass(job, hs, SBVI_F_COLOR, 1, 0) : pass(job, hs, SBVI_F_COLOR, 0, 0);
+    }
+    return packed ? pass(job, hs, SBVI_F_XYZ, 1, 0) : pass(job, hs, SBVI_F_XYZ, 0, 0);
 }
