@@ -15,7 +15,7 @@
  * Points outside the fused key range may land in a voxel of garbage key before the range
  * check (at each new voxel, and at the end) makes the pass give up; nothing is kept then.
  */
-#include <emmintrin.h>
+#include <immintrin.h>
 
 #include "cpu_internal.h"
 
@@ -46,137 +46,99 @@ static inline AI void keys4(__m128 X, __m128 Y, __m128 Z, __m128 V, __m128i *out
 #undef PACK
 }
 
-/* cin: the colour is the 4 bytes right after z, so it is lane 3 of the 16-byte loads. */
-static inline AI int pass(job_t *job, sbvi_hstate *hs, const int fm, const int packed, const int cin) {
-    const sbv_cloud *in = job->in;
-    const size_t n = in->points, stride = job->stride;
-    const sbv_plan *pl = &job->plan;
-    uint32_t col_off = 0;
-    for (size_t f = 0; f < in->n_fields; f++)
-        if (in->fields[f].role < SBV_ROLE_X) col_off = in->fields[f].offset;
-    /* groups of four while every 16-byte load stays inside the cloud */
-    const size_t safe = sbvi_load16_points(job);
-    sbv_acc *const spare = hs->rows + hs->limit * hs->w; /* dropped points: summed, not written */
-    sbv_acc *row = spare;
-    uint64_t cur = EMPTY_KEY;
-    const __m128i zi = _mm_setzero_si128();
-    __m128d sxy = _mm_setzero_pd(), sz = _mm_setzero_pd();
-    int64_t cnt = 0;
-    __m128i col = zi;  /* colour channel sums since the last flush, 32-bit lanes */
-    size_t run = 0;    /* points in col: flushed before 2^24 of them (no lane overflow) */
-    __m128i out = zi;
-    const __m128 V = _mm_set1_ps(pl->voxel_f);
-    uint64_t k[4];
-#define OUT_OF_RANGE() (_mm_movemask_epi8(_mm_cmpeq_epi32(out, zi)) != 0xffff)
-#define FLUSH()                                                                                   \
-    do {                                                                                          \
-        _mm_storeu_pd(&row[0].d, sxy);                                                            \
-        _mm_store_sd(&row[2].d, sz);                                                              \
-        row[3].i = cnt;                                                                           \
-        if (fm == SBVI_F_COLOR) {                                                                 \
-            uint32_t c_[4];                                                                       \
-            _mm_storeu_si128((__m128i *)(void *)c_, col);                                         \
-            row[4].i += c_[0];                                                                    \
-            row[5].i += c_[1];                                                                    \
-            row[6].i += c_[2];                                                                    \
-            row[7].i += c_[3];                                                                    \
-            col = zi;                                                                             \
-            run = 0;                                                                              \
-        }                                                                                         \
-    } while (0)
-#define SWITCH(KEY, IDX)                                                                          \
-    do {                                                                                          \
-        FLUSH();                                                                                  \
-        if ((KEY) == EMPTY_KEY) {                                                                 \
-            row = spare;                                                                          \
-        } else {                                                                                  \
-            const size_t before_ = hs->m;                                                         \
-            const int64_t v_ = sbvi_voxel_id(hs, (KEY));                                          \
-            if (v_ < 0 || (hs->m != before_ &&                                                    \
-                           (sbvi_projected_over(hs, (IDX) + 1, n) || OUT_OF_RANGE())))            \
-                return SBVI_HASH_FULL;                                                            \
-            row = hs->rows + (size_t)v_ * hs->w;                                                  \
-        }                                                                                         \
-        cur = (KEY);                                                                              \
-        sxy = _mm_loadu_pd(&row[0].d);                                                            \
-        sz = _mm_load_sd(&row[2].d);                                                              \
-        cnt = row[3].i;                                                                           \
-    } while (0)
-#define ADD(R, REC)                                                                               \
-    do {                                                                                          \
-        sxy = _mm_add_pd(sxy, _mm_cvtps_pd(R));                                                   \
-        sz = _mm_add_sd(sz, _mm_cvtps_pd(_mm_movehl_ps(R, R)));                                   \
-        cnt++;                                                                                    \
-        if (fm == SBVI_F_COLOR) {                                                                 \
-            int32_t w_;                                                                           \
-            memcpy(&w_, (REC) + col_off, 4);                                                      \
-            const __m128i b_ = _mm_unpacklo_epi8(_mm_cvtsi32_si128(w_), zi);                     \
-            col = _mm_add_epi32(col, _mm_unpacklo_epi16(b_, zi));                                 \
-        }                                                                                         \
-    } while (0)
-    const unsigned char *rec = job->data;
-    size_t i = 0;
-    for (; i + 4 <= safe; i += 4, rec += 4 * stride) {
-        __m128 r[4], X, Y, Z;
-        sbvi_load4(rec, stride, pl, packed, r, &X, &Y, &Z);
-        keys4(X, Y, Z, V, &out, k);
-        if (fm == SBVI_F_COLOR && (run += 4) >= ((size_t)1 << 24)) FLUSH();
-        if (k[0] == cur && k[1] == cur && k[2] == cur && k[3] == cur) {
-            if (cur == EMPTY_KEY) { /* dropped points: only their count is used */
-                cnt += 4;
-                continue;
-            }
-            if (fm == SBVI_F_COLOR && cin) {
-                /* x, y, z one point at a time; the four colours, already loaded as lane 3 of
-                 * r[], summed per channel in 16-bit lanes (4 * 255 fits) */
-                for (int j = 0; j < 4; j++) {
-                    sxy = _mm_add_pd(sxy, _mm_cvtps_pd(r[j]));
-                    sz = _mm_add_sd(sz, _mm_cvtps_pd(_mm_movehl_ps(r[j], r[j])));
-                }
-                cnt += 4;
-                const __m128i c4 = _mm_castps_si128(
-                    _mm_movehl_ps(_mm_unpackhi_ps(r[2], r[3]), _mm_unpackhi_ps(r[0], r[1])));
-                const __m128i s2 = _mm_add_epi16(_mm_unpacklo_epi8(c4, zi), _mm_unpackhi_epi8(c4, zi));
-                col = _mm_add_epi32(col, _mm_unpacklo_epi16(_mm_add_epi16(s2, _mm_srli_si128(s2, 8)), zi));
-                continue;
-            }
-            for (int j = 0; j < 4; j++) ADD(r[j], rec + (size_t)j * stride);
-            continue;
-        }
-        for (int j = 0; j < 4; j++) {
-            if (k[j] != cur) SWITCH(k[j], i + (size_t)j);
-            if (cur == EMPTY_KEY)
-                cnt++;
-            else
-                ADD(r[j], rec + (size_t)j * stride);
-        }
+#define PASS_NAME pass_sse
+#define PASS_LANES 4
+#include "cpu_hash_pass.h"
+#undef PASS_NAME
+#undef PASS_LANES
+
+/* ---- eight points per group, keys in AVX2 registers (same operations lane by lane) ---- */
+#pragma GCC push_options
+#pragma GCC target("avx2")
+
+/* x, y, z of eight packed records (16-byte loads from rec + xo, r[j] kept for the sums),
+ * their fused keys (EMPTY_KEY for dropped points); out-of-range lanes or-ed into *out. */
+static inline AI void keys8(const unsigned char *rec, size_t stride, uint32_t xo, __m256 V,
+                            __m128i *out, __m128 r[8], uint64_t key[8]) {
+    __m256 q[4];
+    for (int j = 0; j < 4; j++) {
+        r[j] = _mm_loadu_ps((const float *)(const void *)(rec + (size_t)j * stride + xo));
+        r[j + 4] = _mm_loadu_ps((const float *)(const void *)(rec + (size_t)(j + 4) * stride + xo));
+        q[j] = _mm256_insertf128_ps(_mm256_castps128_ps256(r[j]), r[j + 4], 1);
     }
-    for (; i < n; i++, rec += stride) { /* the last points, one at a time */
-        float x, y, z;
-        memcpy(&x, rec + pl->x_off, 4);
-        memcpy(&y, rec + pl->y_off, 4);
-        memcpy(&z, rec + pl->z_off, 4);
-        const __m128 r = _mm_setr_ps(x, y, z, 0.0f);
-        keys4(_mm_set1_ps(x), _mm_set1_ps(y), _mm_set1_ps(z), V, &out, k);
-        if (k[0] != cur) SWITCH(k[0], i);
-        ADD(r, rec);
+    const __m256 t0 = _mm256_unpacklo_ps(q[0], q[1]), t1 = _mm256_unpacklo_ps(q[2], q[3]);
+    const __m256 t2 = _mm256_unpackhi_ps(q[0], q[1]), t3 = _mm256_unpackhi_ps(q[2], q[3]);
+    const __m256 X = _mm256_shuffle_ps(t0, t1, 0x44), Y = _mm256_shuffle_ps(t0, t1, 0xee);
+    const __m256 Z = _mm256_shuffle_ps(t2, t3, 0x44);
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256i ok = _mm256_castps_si256(_mm256_and_ps(
+        _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(X, X), zero, _CMP_EQ_OQ),
+                      _mm256_cmp_ps(_mm256_sub_ps(Y, Y), zero, _CMP_EQ_OQ)),
+        _mm256_cmp_ps(_mm256_sub_ps(Z, Z), zero, _CMP_EQ_OQ)));
+    const __m256i bias = _mm256_set1_epi32((int)SBVI_FBIAS);
+#define FLOOR8(P)                                                                                 \
+    ({                                                                                            \
+        const __m256 q_ = _mm256_div_ps(P, V);                                                    \
+        const __m256i t_ = _mm256_cvttps_epi32(q_);                                               \
+        _mm256_add_epi32(_mm256_add_epi32(t_, _mm256_castps_si256(_mm256_cmp_ps(                  \
+                                                  _mm256_cvtepi32_ps(t_), q_, _CMP_GT_OQ))),      \
+                         bias);                                                                   \
+    })
+    const __m256i ux = FLOOR8(X), uy = FLOOR8(Y), uz = FLOOR8(Z);
+#undef FLOOR8
+    const __m256i o = _mm256_and_si256(_mm256_srli_epi32(_mm256_or_si256(_mm256_or_si256(ux, uy), uz), FB), ok);
+    *out = _mm_or_si128(*out, _mm_or_si128(_mm256_castsi256_si128(o), _mm256_extracti128_si256(o, 1)));
+    const __m256i bad = _mm256_xor_si256(ok, _mm256_set1_epi32(-1));
+#define PACK8(HALF)                                                                               \
+    _mm256_or_si256(                                                                              \
+        _mm256_or_si256(_mm256_slli_epi64(_mm256_cvtepu32_epi64(HALF(ux)), 2 * FB),               \
+                        _mm256_slli_epi64(_mm256_cvtepu32_epi64(HALF(uy)), FB)),                  \
+        _mm256_or_si256(_mm256_cvtepu32_epi64(HALF(uz)), _mm256_cvtepi32_epi64(HALF(bad))))
+#define LO(v) _mm256_castsi256_si128(v)
+#define HI(v) _mm256_extracti128_si256(v, 1)
+    _mm256_storeu_si256((__m256i *)(void *)key, PACK8(LO));
+    _mm256_storeu_si256((__m256i *)(void *)(key + 4), PACK8(HI));
+#undef LO
+#undef HI
+#undef PACK8
+}
+
+#define PASS_NAME pass_avx2
+#define PASS_LANES 8
+#include "cpu_hash_pass.h"
+#undef PASS_NAME
+#undef PASS_LANES
+
+static int avx2_xyz(job_t *job, sbvi_hstate *hs) { return pass_avx2(job, hs, SBVI_F_XYZ, 1, 0); }
+static int avx2_color(job_t *job, sbvi_hstate *hs, int cin) {
+    return cin ? pass_avx2(job, hs, SBVI_F_COLOR, 1, 1) : pass_avx2(job, hs, SBVI_F_COLOR, 1, 0);
+}
+#pragma GCC pop_options
+
+static int has_avx2(void) {
+    static _Atomic int known = -1; /* -1: not asked yet */
+    int v = known;
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx2") ? 1 : 0;
+        if (getenv("SBV_NO_AVX2")) v = 0; /* tests: the SSE2 pass on any machine */
+        known = v;
     }
-    FLUSH();
-#undef ADD
-#undef SWITCH
-#undef FLUSH
-    return OUT_OF_RANGE() ? SBVI_HASH_FULL : SBV_OK;
-#undef OUT_OF_RANGE
+    return v;
 }
 
 int sbvi_accumulate_direct(job_t *job, sbvi_hstate *hs, int fm) {
     const int packed = job->plan.xyz_packed;
+    const int avx2 = packed && has_avx2();
     if (fm == SBVI_F_COLOR) {
         uint32_t col_off = 0;
         for (size_t f = 0; f < job->in->n_fields; f++)
             if (job->in->fields[f].role < SBV_ROLE_X) col_off = job->in->fields[f].offset;
-        if (packed && col_off == job->plan.x_off + 12) return pass(job, hs, SBVI_F_COLOR, 1, 1);
-        return packed ? pass(job, hs, SBVI_F_COLOR, 1, 0) : pass(job, hs, SBVI_F_COLOR, 0, 0);
+        const int cin = packed && col_off == job->plan.x_off + 12;
+        if (avx2) return avx2_color(job, hs, cin);
+        if (cin) return pass_sse(job, hs, SBVI_F_COLOR, 1, 1);
+        return packed ? pass_sse(job, hs, SBVI_F_COLOR, 1, 0) : pass_sse(job, hs, SBVI_F_COLOR, 0, 0);
     }
-    return packed ? pass(job, hs, SBVI_F_XYZ, 1, 0) : pass(job, hs, SBVI_F_XYZ, 0, 0);
+    if (avx2) return avx2_xyz(job, hs);
+    return packed ? pass_sse(job, hs, SBVI_F_XYZ, 1, 0) : pass_sse(job, hs, SBVI_F_XYZ, 0, 0);
 }

@@ -6,6 +6,7 @@ and no load may touch a byte past the cloud (checked against a page the process 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -135,5 +136,36 @@ def test_no_load_past_the_cloud(name: str, n: int, threads: int) -> None:
         capture_output=True,
         text=True,
         timeout=120,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stderr[-2000:])
+
+
+SSE2_ONLY = textwrap.dedent(
+    """
+    import numpy as np
+    from bridge.decimate.reference import downsample_packed
+    from tests.unit.test_decimate import pack
+    from tests.unit.test_decimate_loads import LAYOUTS, c_bytes, sweep
+
+    for seed in range(12):
+        for name, layout in sorted(LAYOUTS.items()):
+            rng = np.random.default_rng(seed)
+            n = int(rng.integers(1, 9_000))
+            data = pack(layout, sweep(n, rng, (0.0, 0.1, 0.5)[seed % 3], seed % 4 == 3), rng)
+            for voxel in (0.05, 0.5, 2.0):
+                want, _ = downsample_packed(layout, data, voxel)
+                for hash_max in (1 << 30, 0):
+                    assert c_bytes(layout, data, voxel, hash_max) == want, (name, seed, voxel)
+    print("ok")
+    """
+)
+
+
+def test_sse2_pass_where_avx2_is_not_used() -> None:
+    """The hash pass has an eight-point AVX2 version, taken where the CPU has AVX2; the
+    SSE2 version (every x86-64 CPU) must give the same bytes: forced in a child process."""
+    env = {**os.environ, "SBV_NO_AVX2": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", SSE2_ONLY], capture_output=True, text=True, timeout=300, env=env
     )
     assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stderr[-2000:])
