@@ -15,9 +15,10 @@
  * Points outside the fused key range may land in a voxel of garbage key before the range
  * check (at each new voxel, and at the end) makes the pass give up; nothing is kept then.
  */
-#include <immintrin.h>
-
 #include "cpu_internal.h"
+
+#if SBV_SSE2 /* the whole file: elsewhere the hash path uses its pipelined pass */
+#include <immintrin.h>
 
 #define FB SBVI_FB
 #define EMPTY_KEY SBVI_EMPTY_KEY
@@ -53,6 +54,8 @@ static inline AI void keys4(__m128 X, __m128 Y, __m128 Z, __m128 V, __m128i *out
 #undef PASS_LANES
 
 /* ---- eight points per group, keys in AVX2 registers (same operations lane by lane) ---- */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SBV_AVX2 1
 #pragma GCC push_options
 #pragma GCC target("avx2")
 
@@ -114,7 +117,11 @@ static int avx2_color(job_t *job, sbvi_hstate *hs, int cin) {
     return cin ? pass_avx2(job, hs, SBVI_F_COLOR, 1, 1) : pass_avx2(job, hs, SBVI_F_COLOR, 1, 0);
 }
 #pragma GCC pop_options
+#else
+#define SBV_AVX2 0
+#endif
 
+#if SBV_AVX2
 static int has_avx2(void) {
     static _Atomic int known = -1; /* -1: not asked yet */
     int v = known;
@@ -126,19 +133,176 @@ static int has_avx2(void) {
     }
     return v;
 }
+#endif
 
 int sbvi_accumulate_direct(job_t *job, sbvi_hstate *hs, int fm) {
     const int packed = job->plan.xyz_packed;
+#if SBV_AVX2
     const int avx2 = packed && has_avx2();
+#endif
     if (fm == SBVI_F_COLOR) {
         uint32_t col_off = 0;
         for (size_t f = 0; f < job->in->n_fields; f++)
             if (job->in->fields[f].role < SBV_ROLE_X) col_off = job->in->fields[f].offset;
         const int cin = packed && col_off == job->plan.x_off + 12;
+#if SBV_AVX2
         if (avx2) return avx2_color(job, hs, cin);
+#endif
         if (cin) return pass_sse(job, hs, SBVI_F_COLOR, 1, 1);
         return packed ? pass_sse(job, hs, SBVI_F_COLOR, 1, 0) : pass_sse(job, hs, SBVI_F_COLOR, 0, 0);
     }
+#if SBV_AVX2
     if (avx2) return avx2_xyz(job, hs);
+#endif
     return packed ? pass_sse(job, hs, SBVI_F_XYZ, 1, 0) : pass_sse(job, hs, SBVI_F_XYZ, 0, 0);
 }
+
+#else /* !SBV_SSE2: the same direct pass in plain C (GCC vector extensions), four keys at a time */
+
+#define EMPTY_KEY SBVI_EMPTY_KEY
+#define FB SBVI_FB
+#define FBIAS SBVI_FBIAS
+
+static inline __attribute__((always_inline)) void flush_row(sbv_acc *row, double sx, double sy,
+                                                            double sz, int64_t cnt, int color,
+                                                            int64_t *c0, int64_t *c1, int64_t *c2,
+                                                            int64_t *c3) {
+    row[0].d = sx;
+    row[1].d = sy;
+    row[2].d = sz;
+    row[3].i = cnt;
+    if (color) {
+        row[4].i += *c0;
+        row[5].i += *c1;
+        row[6].i += *c2;
+        row[7].i += *c3;
+        *c0 = *c1 = *c2 = *c3 = 0;
+    }
+}
+
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+typedef uint32_t v4u __attribute__((vector_size(16)));
+typedef uint64_t v4q __attribute__((vector_size(32)));
+typedef int64_t v4l __attribute__((vector_size(32)));
+
+/* Fused keys of the four records at rec, rec + stride, ... (EMPTY_KEY for dropped points),
+ * one lane per point: three divisions for four points instead of four, and the 64-bit
+ * packing done in vector registers. Out-of-range lanes of finite points are or-ed into out. */
+static inline __attribute__((always_inline)) void keys4_portable(const unsigned char *rec, size_t stride,
+                                                        uint32_t xo, uint32_t yo, uint32_t zo,
+                                                        float v, v4u *out, uint64_t key[4]) {
+    float x[4], y[4], z[4];
+    for (int j = 0; j < 4; j++) {
+        memcpy(&x[j], rec + j * stride + xo, 4);
+        memcpy(&y[j], rec + j * stride + yo, 4);
+        memcpy(&z[j], rec + j * stride + zo, 4);
+    }
+    const v4f X = {x[0], x[1], x[2], x[3]}, Y = {y[0], y[1], y[2], y[3]};
+    const v4f Z = {z[0], z[1], z[2], z[3]}, V = {v, v, v, v}, zero = {0, 0, 0, 0};
+    const v4i fin = ((X - X) == zero) & ((Y - Y) == zero) & ((Z - Z) == zero);
+    const v4u bias = {FBIAS, FBIAS, FBIAS, FBIAS};
+    const v4f qx = X / V, qy = Y / V, qz = Z / V; /* IEEE division, as floorf(p / v) */
+    const v4i tx = __builtin_convertvector(qx, v4i), ty = __builtin_convertvector(qy, v4i);
+    const v4i tz = __builtin_convertvector(qz, v4i);
+    const v4u ux = (v4u)tx + (v4u)(__builtin_convertvector(tx, v4f) > qx) + bias;
+    const v4u uy = (v4u)ty + (v4u)(__builtin_convertvector(ty, v4f) > qy) + bias;
+    const v4u uz = (v4u)tz + (v4u)(__builtin_convertvector(tz, v4f) > qz) + bias;
+    *out |= ((ux | uy | uz) >> FB) & (v4u)fin;
+    const v4q k = (__builtin_convertvector(ux, v4q) << (2 * FB)) |
+                  (__builtin_convertvector(uy, v4q) << FB) | __builtin_convertvector(uz, v4q);
+    const v4q keep = (v4q)__builtin_convertvector(fin, v4l);
+    const v4q sel = (k & keep) | ((v4q){EMPTY_KEY, EMPTY_KEY, EMPTY_KEY, EMPTY_KEY} & ~keep);
+    memcpy(key, &sel, sizeof sel);
+}
+
+static inline __attribute__((always_inline)) int accumulate_portable(job_t *job, sbvi_hstate *hs,
+                                                                    const int fm) {
+    const sbv_cloud *in = job->in;
+    const size_t n = in->points, stride = job->stride;
+    const sbv_plan *pl = &job->plan;
+    const v4f vv = {pl->voxel_f, pl->voxel_f, pl->voxel_f, 1.0f};
+    const v4u bias = {FBIAS, FBIAS, FBIAS, FBIAS};
+    const uint32_t xo = pl->x_off, yo = pl->y_off, zo = pl->z_off;
+    uint32_t col_off = 0;
+    for (size_t f = 0; f < in->n_fields; f++)
+        if (in->fields[f].role < SBV_ROLE_X) col_off = in->fields[f].offset;
+    sbv_acc *const spare = hs->rows + hs->limit * hs->w;
+    sbv_acc *row = spare;
+    uint64_t cur = EMPTY_KEY;
+    double sx = 0, sy = 0, sz = 0;
+    int64_t cnt = 0, c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+    v4u out = {0, 0, 0, 0};
+    uint64_t k4[4];
+    /* The per-point work, for the groups of four and the tail alike. */
+#define POINT(IDX, REC, KEY)                                                            \
+    do {                                                                                  \
+        float x, y, z;                                                                    \
+        memcpy(&x, (REC) + xo, 4);                                                        \
+        memcpy(&y, (REC) + yo, 4);                                                        \
+        memcpy(&z, (REC) + zo, 4);                                                        \
+        if (KEY != cur) {                                                                 \
+            flush_row(row, sx, sy, sz, cnt, fm == SBVI_F_COLOR, &c0, &c1, &c2, &c3);           \
+            if (KEY == EMPTY_KEY) {                                                       \
+                row = spare;                                                              \
+            } else {                                                                      \
+                const size_t before = hs->m;                                              \
+                const int64_t v = sbvi_voxel_id(hs, KEY);                                      \
+                if (v < 0 || (hs->m != before && sbvi_projected_over(hs, (IDX) + 1, n)))          \
+                    return SBVI_HASH_FULL;                                                \
+                row = hs->rows + (size_t)v * hs->w;                                       \
+            }                                                                             \
+            cur = KEY;                                                                    \
+            sx = row[0].d;                                                                \
+            sy = row[1].d;                                                                \
+            sz = row[2].d;                                                                \
+            cnt = row[3].i;                                                               \
+            if (((IDX) & 4095) == 0 && (out[0] | out[1] | out[2] | out[3])) return SBVI_HASH_FULL;   \
+        }                                                                                 \
+        sx += (double)x;                                                                  \
+        sy += (double)y;                                                                  \
+        sz += (double)z;                                                                  \
+        cnt++;                                                                            \
+        if (fm == SBVI_F_COLOR) {                                                              \
+            const unsigned char *c = (REC) + col_off;                                     \
+            c0 += c[0];                                                                   \
+            c1 += c[1];                                                                   \
+            c2 += c[2];                                                                   \
+            c3 += c[3];                                                                   \
+        }                                                                                 \
+    } while (0)
+    const unsigned char *rec = job->data;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4, rec += 4 * stride) {
+        keys4_portable(rec, stride, xo, yo, zo, pl->voxel_f, &out, k4);
+        for (size_t j = 0; j < 4; j++) {
+            const uint64_t key = k4[j];
+            POINT(i + j, rec + j * stride, key);
+        }
+    }
+    for (; i < n; i++, rec += stride) { /* the last n % 4 points, one at a time */
+        float x, y, z;
+        memcpy(&x, rec + xo, 4);
+        memcpy(&y, rec + yo, 4);
+        memcpy(&z, rec + zo, 4);
+        const v4f p = {x, y, z, 0.0f};
+        const v4i fin = (p - p) == (v4f){0, 0, 0, 0};
+        const v4f q = p / vv;
+        const v4i t = __builtin_convertvector(q, v4i);
+        const v4u u = (v4u)t + (v4u)(__builtin_convertvector(t, v4f) > q) + bias;
+        const int ok = fin[0] & fin[1] & fin[2];
+        out |= (u >> FB) & (v4u)(v4i){ok, ok, ok, 0};
+        uint64_t key = ((uint64_t)u[0] << (2 * FB)) | ((uint64_t)u[1] << FB) | (uint64_t)u[2];
+        key = ok ? key : EMPTY_KEY;
+        POINT(i, rec, key);
+    }
+#undef POINT
+    flush_row(row, sx, sy, sz, cnt, fm == SBVI_F_COLOR, &c0, &c1, &c2, &c3);
+    return (out[0] | out[1] | out[2] | out[3]) ? SBVI_HASH_FULL : SBV_OK;
+}
+
+int sbvi_accumulate_direct(job_t *job, sbvi_hstate *hs, int fm) {
+    if (fm == SBVI_F_COLOR) return accumulate_portable(job, hs, SBVI_F_COLOR);
+    return accumulate_portable(job, hs, SBVI_F_XYZ);
+}
+#endif /* SBV_SSE2 */

@@ -14,7 +14,13 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+/* SSE2 code paths (every x86-64 CPU); elsewhere, or with -DSBV_PORTABLE, the plain C ones. */
+#if defined(__SSE2__) && !defined(SBV_PORTABLE)
+#define SBV_SSE2 1
 #include <emmintrin.h>
+#else
+#define SBV_SSE2 0
+#endif
 
 #include "sbv_body.h"
 
@@ -146,6 +152,7 @@ static inline int64_t floor_i64(float q) {
     return (float)k > q ? k - 1 : k;
 }
 
+#if SBV_SSE2
 /* x, y, z of four records (SSE2), one vector per axis; r[j] = (x, y, z, ?) of record j. Packed:
  * 16-byte loads from rec + xo (the caller keeps them inside the cloud). */
 static inline __attribute__((always_inline)) void sbvi_load4(const unsigned char *rec, size_t stride, const sbv_plan *pl,
@@ -169,6 +176,8 @@ static inline __attribute__((always_inline)) void sbvi_load4(const unsigned char
     *Z = _mm_movelh_ps(t2, t3);
 }
 
+#endif
+
 /* How many leading points of the cloud sbvi_load4 may read with 16-byte loads (packed x, y,
  * z: the load runs 4 bytes past z, into the next record, never past the cloud). */
 static inline size_t sbvi_load16_points(const job_t *job) {
@@ -178,12 +187,14 @@ static inline size_t sbvi_load16_points(const job_t *job) {
     return safe < job->in->points ? safe : job->in->points;
 }
 
+#if SBV_SSE2
 /* All-ones lanes where x, y and z are all finite (p - p is NaN for NaN and +-inf). */
 static inline __m128 sbvi_finite4(__m128 X, __m128 Y, __m128 Z) {
     const __m128 zero = _mm_setzero_ps();
     return _mm_and_ps(_mm_and_ps(_mm_cmpeq_ps(_mm_sub_ps(X, X), zero), _mm_cmpeq_ps(_mm_sub_ps(Y, Y), zero)),
                       _mm_cmpeq_ps(_mm_sub_ps(Z, Z), zero));
 }
+#endif
 
 /* Add one field of one record to its slot(s) of a voxel's sums. */
 static inline void sbvi_add_field(const sbv_field fd, const unsigned char *rec, sbv_acc *s) {

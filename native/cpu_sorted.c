@@ -68,6 +68,8 @@ static void phase_pack(job_t *job, int t) {
         h2a = h2b;                                                                                \
         h2b = sw;                                                                                 \
     } while (0)
+            size_t i = job->chunk[t];
+#if SBV_SSE2
             /* Four points at a time (sbvi_load4; keys and items in SSE registers, the same
              * formula); a group with a dropped point goes point by point. */
             const size_t safe = sbvi_load16_points(job);
@@ -77,7 +79,6 @@ static void phase_pack(job_t *job, int t) {
             const __m128i KZ = _mm_set1_epi32((int)kmin2), zi = _mm_setzero_si128();
             const __m128i shx = _mm_cvtsi32_si128(by + bz + ib), shy = _mm_cvtsi32_si128(bz + ib);
             const __m128i shz = _mm_cvtsi32_si128(ib);
-            size_t i = job->chunk[t];
             for (; i + 4 <= hi4; i += 4, rec += 4 * stride) {
                 __m128 r[4], X, Y, Z;
                 sbvi_load4(rec, stride, &job->plan, job->plan.xyz_packed, r, &X, &Y, &Z);
@@ -105,6 +106,7 @@ static void phase_pack(job_t *job, int t) {
                 h2b[shr(dst[3], top_shift)]++;
                 dst += 4;
             }
+#endif
             for (; i < job->chunk[t + 1]; i++, rec += stride) ONE(i, rec);
 #undef ONE
         } else {

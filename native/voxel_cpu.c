@@ -33,6 +33,7 @@ static void phase_bounds(job_t *job, int t) {
         float lx = INFINITY, ly = INFINITY, lz = INFINITY;
         float hx = -INFINITY, hy = -INFINITY, hz = -INFINITY;
         const uint32_t xo = job->plan.x_off, yo = job->plan.y_off, zo = job->plan.z_off;
+#if SBV_SSE2
         /* four points at a time (sbvi_load4): dropped points' lanes become +-inf */
         const size_t safe = sbvi_load16_points(job), hi4 = job->chunk[t + 1] < safe ? job->chunk[t + 1] : safe;
         const __m128 pinf = _mm_set1_ps(INFINITY), ninf = _mm_set1_ps(-INFINITY);
@@ -66,6 +67,7 @@ static void phase_bounds(job_t *job, int t) {
             hy = h4[1][j] > hy ? h4[1][j] : hy;
             hz = h4[2][j] > hz ? h4[2][j] : hz;
         }
+#endif
         for (; rec < end; rec += stride) { /* the rest, one at a time */
             float x, y, z;
             memcpy(&x, rec + xo, 4);
