@@ -145,12 +145,14 @@ if MODE != "no":
                     "cpu_team",
                     "cpu_scratch",
                     "cpu_hash",
+                    "cpu_hash_direct",
                     "cpu_estimate",
                 )
             ],
             include_dirs=[NATIVE],
             depends=[
-                f"{NATIVE}/{h}" for h in ("simbridge_voxel.h", "sbv_body.h", "cpu_internal.h")
+                f"{NATIVE}/{h}"
+                for h in ("simbridge_voxel.h", "sbv_body.h", "cpu_internal.h", "cpu_hash_pass.h")
             ],
             extra_compile_args=CFLAGS,
             extra_link_args=LDFLAGS,

@@ -89,11 +89,12 @@ size_t sbvi_hash_estimate(job_t *job, int fused, size_t most) {
     }
     if (all) return d;
     if (seen == 0) return most;
-    double f1 = 0, f2 = 0;
+    size_t c1 = 0, c2 = 0;
     for (size_t h = 0; h < cap; h++) {
-        f1 += hits[h] == 1;
-        f2 += hits[h] == 2;
+        c1 += hits[h] == 1;
+        c2 += hits[h] == 2;
     }
+    const double f1 = (double)c1, f2 = (double)c2;
     /* Mostly singletons: few points per voxel, so nearly every point would probe the table
      * (and the table is large): the radix path streams better there. */
     if (f1 > 0.75 * (double)seen) return most;

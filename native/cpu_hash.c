@@ -27,11 +27,6 @@
 #define MIN_TABLE 1024
 #define INITIAL_VOXELS 16384
 
-typedef struct {
-    uint64_t key;
-    uint64_t vid;
-} slot_t;
-
 static _Atomic size_t hash_limit = SBV_HASH_MAX_VOXELS;
 
 size_t sbv_hash_voxels_max(size_t voxels) {
@@ -45,63 +40,26 @@ static inline size_t pow2_at_least(size_t x) {
     return p;
 }
 
-typedef struct {
-    slot_t *table;
-    size_t mask;
-    int shift;
-    sbv_acc *rows;   /* W words per voxel: sum x, sum y, sum z, count, then the other fields */
-    size_t w;
-    uint64_t *vkey;  /* key of each voxel, by voxel number */
-    size_t m, limit;
-} hstate;
-
-static void rehash(hstate *hs, size_t cap) {
+void sbvi_rehash(sbvi_hstate *hs, size_t cap) {
     hs->mask = cap - 1;
     hs->shift = 64 - bit_width(cap - 1);
     memset(hs->table, 0xff, cap * sizeof *hs->table);
     for (size_t v = 0; v < hs->m; v++) {
         size_t h = (size_t)(sbvi_mix(hs->vkey[v]) >> hs->shift);
         while (hs->table[h].key != EMPTY_KEY) h = (h + 1) & hs->mask;
-        hs->table[h] = (slot_t){hs->vkey[v], v};
+        hs->table[h] = (sbvi_slot){hs->vkey[v], v};
     }
 }
 
-/* Number of the voxel with packed key `key`, its row created zeroed if new; -1 when the
- * voxel limit is hit. */
-static inline int64_t voxel_id(hstate *hs, uint64_t key) {
-    size_t h = (size_t)(sbvi_mix(key) >> hs->shift);
-    for (;;) {
-        const slot_t *s = &hs->table[h];
-        if (s->key == key) return (int64_t)s->vid;
-        if (s->key == EMPTY_KEY) break;
-        h = (h + 1) & hs->mask;
-    }
-    if (hs->m == hs->limit) return -1;
-    const size_t v = hs->m++;
-    hs->table[h] = (slot_t){key, v};
-    hs->vkey[v] = key;
-    memset(hs->rows + v * hs->w, 0, hs->w * sizeof *hs->rows);
-    if (2 * hs->m > hs->mask + 1) rehash(hs, 2 * (hs->mask + 1));
-    return (int64_t)v;
-}
-
-/* Give up early when the voxels found so far, projected over the whole cloud, exceed the
- * limit (checked every 128 new voxels, after the first 1/16 of the points): the sampled
- * estimate can be far too low (lidar: a few dense voxels near the sensor, many sparse far
- * ones), and a late give-up would waste most of a pass. New voxels keep appearing at a
- * steady rate along scan lines and beams, so the projection is a fair guide. */
-static inline int projected_over(const hstate *hs, size_t done, size_t n) {
-    return (hs->m & 127) == 0 && done >= n / 16 &&
-           (double)hs->m * (double)n > (double)hs->limit * (double)done;
-}
-
-enum { F_XYZ = 0, F_COLOR = 1, F_ANY = 2 };
 enum { BLK = 32 }; /* points per pipeline block */
 #define NO_VOXEL UINT32_MAX
+#define F_XYZ SBVI_F_XYZ
+#define F_COLOR SBVI_F_COLOR
+#define F_ANY SBVI_F_ANY
 
 /* Stage 1 of the pass for points [lo, hi): packed keys (EMPTY_KEY when not finite), and a
  * prefetch of the table slot of each key that differs from the one before it. */
-static inline __attribute__((always_inline)) int stage_keys(const job_t *job, const hstate *hs,
+static inline __attribute__((always_inline)) int stage_keys(const job_t *job, const sbvi_hstate *hs,
                                                             size_t lo, size_t hi, uint64_t *keys,
                                                             const int fast) {
     typedef float v4f __attribute__((vector_size(16)));
@@ -153,7 +111,7 @@ static inline __attribute__((always_inline)) int stage_keys(const job_t *job, co
 
 /* Stage 2: voxel number of each key (new voxels numbered in input order), prefetching the
  * voxel's row. Returns SBVI_HASH_FULL when the voxel limit is hit. */
-static inline __attribute__((always_inline)) int stage_voxels(hstate *hs, size_t lo, size_t count,
+static inline __attribute__((always_inline)) int stage_voxels(sbvi_hstate *hs, size_t lo, size_t count,
                                                               size_t n, const uint64_t *keys,
                                                               uint32_t *vids) {
     uint64_t prev = EMPTY_KEY;
@@ -166,8 +124,8 @@ static inline __attribute__((always_inline)) int stage_voxels(hstate *hs, size_t
                 vid = (uint32_t)hs->limit; /* the spare row: summed, never written out */
             } else {
                 const size_t before = hs->m;
-                const int64_t v = voxel_id(hs, key);
-                if (v < 0 || (hs->m != before && projected_over(hs, lo + j + 1, n)))
+                const int64_t v = sbvi_voxel_id(hs, key);
+                if (v < 0 || (hs->m != before && sbvi_projected_over(hs, lo + j + 1, n)))
                     return SBVI_HASH_FULL;
                 vid = (uint32_t)v;
                 __builtin_prefetch(hs->rows + (size_t)vid * hs->w);
@@ -204,7 +162,7 @@ static inline __attribute__((always_inline)) void flush_row(sbv_acc *row, double
     }
 }
 
-static inline __attribute__((always_inline)) int accumulate(job_t *job, hstate *hs, const int fast,
+static inline __attribute__((always_inline)) int accumulate(job_t *job, sbvi_hstate *hs, const int fast,
                                                              const int fm) {
     const sbv_cloud *in = job->in;
     const size_t n = in->points, stride = job->stride;
@@ -281,135 +239,8 @@ static inline __attribute__((always_inline)) int accumulate(job_t *job, hstate *
     return SBV_OK;
 }
 
-/* The same pass without the pipeline, for fused float32 clouds whose table stays in cache
- * (few voxels): key, probe only when the key changes, add. Staging keys and voxel numbers
- * through buffers costs more than the cache misses it hides when there are none. Points
- * outside the fused key range may land in a voxel of garbage key before the range check
- * (every 4096 points and at the end) makes the pass give up; nothing of it is kept then. */
-typedef float v4f __attribute__((vector_size(16)));
-typedef int32_t v4i __attribute__((vector_size(16)));
-typedef uint32_t v4u __attribute__((vector_size(16)));
-typedef uint64_t v4q __attribute__((vector_size(32)));
-typedef int64_t v4l __attribute__((vector_size(32)));
-
-/* Fused keys of the four records at rec, rec + stride, ... (EMPTY_KEY for dropped points),
- * one lane per point: three divisions for four points instead of four, and the 64-bit
- * packing done in vector registers. Out-of-range lanes of finite points are or-ed into out. */
-static inline __attribute__((always_inline)) void keys4(const unsigned char *rec, size_t stride,
-                                                        uint32_t xo, uint32_t yo, uint32_t zo,
-                                                        float v, v4u *out, uint64_t key[4]) {
-    float x[4], y[4], z[4];
-    for (int j = 0; j < 4; j++) {
-        memcpy(&x[j], rec + j * stride + xo, 4);
-        memcpy(&y[j], rec + j * stride + yo, 4);
-        memcpy(&z[j], rec + j * stride + zo, 4);
-    }
-    const v4f X = {x[0], x[1], x[2], x[3]}, Y = {y[0], y[1], y[2], y[3]};
-    const v4f Z = {z[0], z[1], z[2], z[3]}, V = {v, v, v, v}, zero = {0, 0, 0, 0};
-    const v4i fin = ((X - X) == zero) & ((Y - Y) == zero) & ((Z - Z) == zero);
-    const v4u bias = {FBIAS, FBIAS, FBIAS, FBIAS};
-    const v4f qx = X / V, qy = Y / V, qz = Z / V; /* IEEE division, as floorf(p / v) */
-    const v4i tx = __builtin_convertvector(qx, v4i), ty = __builtin_convertvector(qy, v4i);
-    const v4i tz = __builtin_convertvector(qz, v4i);
-    const v4u ux = (v4u)tx + (v4u)(__builtin_convertvector(tx, v4f) > qx) + bias;
-    const v4u uy = (v4u)ty + (v4u)(__builtin_convertvector(ty, v4f) > qy) + bias;
-    const v4u uz = (v4u)tz + (v4u)(__builtin_convertvector(tz, v4f) > qz) + bias;
-    *out |= ((ux | uy | uz) >> FB) & (v4u)fin;
-    const v4q k = (__builtin_convertvector(ux, v4q) << (2 * FB)) |
-                  (__builtin_convertvector(uy, v4q) << FB) | __builtin_convertvector(uz, v4q);
-    const v4q keep = (v4q)__builtin_convertvector(fin, v4l);
-    const v4q sel = (k & keep) | ((v4q){EMPTY_KEY, EMPTY_KEY, EMPTY_KEY, EMPTY_KEY} & ~keep);
-    memcpy(key, &sel, sizeof sel);
-}
-
-static inline __attribute__((always_inline)) int accumulate_direct(job_t *job, hstate *hs,
-                                                                    const int fm) {
-    const sbv_cloud *in = job->in;
-    const size_t n = in->points, stride = job->stride;
-    const sbv_plan *pl = &job->plan;
-    const v4f vv = {pl->voxel_f, pl->voxel_f, pl->voxel_f, 1.0f};
-    const v4u bias = {FBIAS, FBIAS, FBIAS, FBIAS};
-    const uint32_t xo = pl->x_off, yo = pl->y_off, zo = pl->z_off;
-    uint32_t col_off = 0;
-    for (size_t f = 0; f < in->n_fields; f++)
-        if (in->fields[f].role < SBV_ROLE_X) col_off = in->fields[f].offset;
-    sbv_acc *const spare = hs->rows + hs->limit * hs->w;
-    sbv_acc *row = spare;
-    uint64_t cur = EMPTY_KEY;
-    double sx = 0, sy = 0, sz = 0;
-    int64_t cnt = 0, c0 = 0, c1 = 0, c2 = 0, c3 = 0;
-    v4u out = {0, 0, 0, 0};
-    uint64_t k4[4];
-    /* The per-point work, for the groups of four and the tail alike. */
-#define POINT(IDX, REC, KEY)                                                            \
-    do {                                                                                  \
-        float x, y, z;                                                                    \
-        memcpy(&x, (REC) + xo, 4);                                                        \
-        memcpy(&y, (REC) + yo, 4);                                                        \
-        memcpy(&z, (REC) + zo, 4);                                                        \
-        if (KEY != cur) {                                                                 \
-            flush_row(row, sx, sy, sz, cnt, fm == F_COLOR, &c0, &c1, &c2, &c3);           \
-            if (KEY == EMPTY_KEY) {                                                       \
-                row = spare;                                                              \
-            } else {                                                                      \
-                const size_t before = hs->m;                                              \
-                const int64_t v = voxel_id(hs, KEY);                                      \
-                if (v < 0 || (hs->m != before && projected_over(hs, (IDX) + 1, n)))          \
-                    return SBVI_HASH_FULL;                                                \
-                row = hs->rows + (size_t)v * hs->w;                                       \
-            }                                                                             \
-            cur = KEY;                                                                    \
-            sx = row[0].d;                                                                \
-            sy = row[1].d;                                                                \
-            sz = row[2].d;                                                                \
-            cnt = row[3].i;                                                               \
-            if (((IDX) & 4095) == 0 && (out[0] | out[1] | out[2] | out[3])) return SBVI_HASH_FULL;   \
-        }                                                                                 \
-        sx += (double)x;                                                                  \
-        sy += (double)y;                                                                  \
-        sz += (double)z;                                                                  \
-        cnt++;                                                                            \
-        if (fm == F_COLOR) {                                                              \
-            const unsigned char *c = (REC) + col_off;                                     \
-            c0 += c[0];                                                                   \
-            c1 += c[1];                                                                   \
-            c2 += c[2];                                                                   \
-            c3 += c[3];                                                                   \
-        }                                                                                 \
-    } while (0)
-    const unsigned char *rec = job->data;
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4, rec += 4 * stride) {
-        keys4(rec, stride, xo, yo, zo, pl->voxel_f, &out, k4);
-        for (size_t j = 0; j < 4; j++) {
-            const uint64_t key = k4[j];
-            POINT(i + j, rec + j * stride, key);
-        }
-    }
-    for (; i < n; i++, rec += stride) { /* the last n % 4 points, one at a time */
-        float x, y, z;
-        memcpy(&x, rec + xo, 4);
-        memcpy(&y, rec + yo, 4);
-        memcpy(&z, rec + zo, 4);
-        const v4f p = {x, y, z, 0.0f};
-        const v4i fin = (p - p) == (v4f){0, 0, 0, 0};
-        const v4f q = p / vv;
-        const v4i t = __builtin_convertvector(q, v4i);
-        const v4u u = (v4u)t + (v4u)(__builtin_convertvector(t, v4f) > q) + bias;
-        const int ok = fin[0] & fin[1] & fin[2];
-        out |= (u >> FB) & (v4u)(v4i){ok, ok, ok, 0};
-        uint64_t key = ((uint64_t)u[0] << (2 * FB)) | ((uint64_t)u[1] << FB) | (uint64_t)u[2];
-        key = ok ? key : EMPTY_KEY;
-        POINT(i, rec, key);
-    }
-#undef POINT
-    flush_row(row, sx, sy, sz, cnt, fm == F_COLOR, &c0, &c1, &c2, &c3);
-    return (out[0] | out[1] | out[2] | out[3]) ? SBVI_HASH_FULL : SBV_OK;
-}
-
-static int run_pass(job_t *job, hstate *hs, int fast, int fm, int direct) {
-    if (fast && direct && fm == F_XYZ) return accumulate_direct(job, hs, F_XYZ);
-    if (fast && direct && fm == F_COLOR) return accumulate_direct(job, hs, F_COLOR);
+static int run_pass(job_t *job, sbvi_hstate *hs, int fast, int fm, int direct) {
+    if (fast && direct && fm != F_ANY) return sbvi_accumulate_direct(job, hs, fm);
     if (fast) {
         if (fm == F_XYZ) return accumulate(job, hs, 1, F_XYZ);
         if (fm == F_COLOR) return accumulate(job, hs, 1, F_COLOR);
@@ -419,10 +250,10 @@ static int run_pass(job_t *job, hstate *hs, int fast, int fm, int direct) {
 }
 
 /* Stable LSD radix sort of (key, voxel) pairs on key bits [0, bits); result in a. */
-static void sort_pairs(slot_t *a, slot_t *b, size_t m, int bits) {
+static void sort_pairs(sbvi_slot *a, sbvi_slot *b, size_t m, int bits) {
     if (m <= 32) {
         for (size_t i = 1; i < m; i++) {
-            const slot_t v = a[i];
+            const sbvi_slot v = a[i];
             size_t j = i;
             for (; j > 0 && a[j - 1].key > v.key; j--) a[j] = a[j - 1];
             a[j] = v;
@@ -435,7 +266,7 @@ static void sort_pairs(slot_t *a, slot_t *b, size_t m, int bits) {
     memset(count, 0, (size_t)passes * sizeof count[0]);
     for (size_t i = 0; i < m; i++)
         for (int p = 0; p < passes; p++) count[p][(a[i].key >> (p * D)) & (R - 1)]++;
-    slot_t *src = a, *dst = b;
+    sbvi_slot *src = a, *dst = b;
     for (int p = 0; p < passes; p++) {
         size_t *c = count[p];
         if (c[(src[0].key >> (p * D)) & (R - 1)] == m) continue; /* one digit value */
@@ -446,7 +277,7 @@ static void sort_pairs(slot_t *a, slot_t *b, size_t m, int bits) {
             sum += k;
         }
         for (size_t i = 0; i < m; i++) dst[c[(src[i].key >> (p * D)) & (R - 1)]++] = src[i];
-        slot_t *t = src;
+        sbvi_slot *t = src;
         src = dst;
         dst = t;
     }
@@ -454,7 +285,7 @@ static void sort_pairs(slot_t *a, slot_t *b, size_t m, int bits) {
 }
 
 /* Means in key order into the output (sbv_reduce_voxel's formulas, via sbvi_write_means). */
-static void write_out(job_t *job, const hstate *hs, const slot_t *order, int fm) {
+static void write_out(job_t *job, const sbvi_hstate *hs, const sbvi_slot *order, int fm) {
     const sbv_cloud *in = job->in;
     const sbv_plan *pl = &job->plan;
     const size_t stride = job->stride, m = hs->m, w = hs->w;
@@ -486,7 +317,7 @@ static void write_out(job_t *job, const hstate *hs, const slot_t *order, int fm)
 
 /* Fused mode: bounds of the m voxel keys, then the keys repacked to the tight width
  * (kmin, by, bz, kb as the bounds pass would set them; (kx, ky, kz) order is kept). */
-static void repack(job_t *job, hstate *hs) {
+static void repack(job_t *job, sbvi_hstate *hs) {
     uint64_t lo[3] = {FMASK, FMASK, FMASK}, hi[3] = {0, 0, 0};
     for (size_t v = 0; v < hs->m; v++) {
         const uint64_t k = hs->vkey[v];
@@ -534,7 +365,7 @@ int sbvi_run_hash(job_t *job, int fused, size_t estimate, size_t cap, size_t *ou
     }
     const int fm = others == 0 ? F_XYZ : (others == 1 && colors == 1) ? F_COLOR : F_ANY;
     const size_t max_table = pow2_at_least(2 * limit);
-    const size_t table_bytes = max_table * sizeof(slot_t);
+    const size_t table_bytes = max_table * sizeof(sbvi_slot);
     /* rows: limit voxels plus a spare one that sums the dropped points (no branch for them) */
     const size_t bytes = table_bytes + ((limit + 1) * w + limit) * sizeof(sbv_acc);
     int cached = 0;
@@ -543,8 +374,8 @@ int sbvi_run_hash(job_t *job, int fused, size_t estimate, size_t cap, size_t *ou
         if (err && err_len) snprintf(err, err_len, "out of memory (%zu bytes of scratch)", bytes);
         return SBV_ENOMEM;
     }
-    hstate hs = {0};
-    hs.table = (slot_t *)mem;
+    sbvi_hstate hs = {0};
+    hs.table = (sbvi_slot *)mem;
     hs.rows = (sbv_acc *)(mem + table_bytes);
     hs.vkey = (uint64_t *)(hs.rows + (limit + 1) * w);
     memset(hs.rows + limit * w, 0, w * sizeof *hs.rows);
@@ -554,7 +385,7 @@ int sbvi_run_hash(job_t *job, int fused, size_t estimate, size_t cap, size_t *ou
     size_t start = estimate < limit ? estimate : limit;
     start = start < INITIAL_VOXELS ? start : INITIAL_VOXELS;
     const size_t want = pow2_at_least(2 * start + 2);
-    rehash(&hs, want < max_table ? want : max_table);
+    sbvi_rehash(&hs, want < max_table ? want : max_table);
 #ifdef SBV_TIMING
     double sbv_t0 = sbv_now();
 #endif
@@ -572,8 +403,8 @@ int sbvi_run_hash(job_t *job, int fused, size_t estimate, size_t cap, size_t *ou
     }
     if (fused) repack(job, &hs);
     /* the table is no longer needed: its memory holds the (key, voxel) pairs to sort */
-    slot_t *pairs = hs.table, *tmp = hs.table + hs.m;
-    for (size_t v = 0; v < hs.m; v++) pairs[v] = (slot_t){hs.vkey[v], v};
+    sbvi_slot *pairs = hs.table, *tmp = hs.table + hs.m;
+    for (size_t v = 0; v < hs.m; v++) pairs[v] = (sbvi_slot){hs.vkey[v], v};
     sort_pairs(pairs, tmp, hs.m, job->kb);
     SBV_TICK("sort");
     write_out(job, &hs, pairs, fm);

@@ -14,6 +14,14 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+/* SSE2 code paths (every x86-64 CPU); elsewhere, or with -DSBV_PORTABLE, the plain C ones. */
+#if defined(__SSE2__) && !defined(SBV_PORTABLE)
+#define SBV_SSE2 1
+#include <emmintrin.h>
+#else
+#define SBV_SSE2 0
+#endif
+
 #include "sbv_body.h"
 
 /* Internal symbols stay out of the shared library's exports. */
@@ -144,6 +152,50 @@ static inline int64_t floor_i64(float q) {
     return (float)k > q ? k - 1 : k;
 }
 
+#if SBV_SSE2
+/* x, y, z of four records (SSE2), one vector per axis; r[j] = (x, y, z, ?) of record j. Packed:
+ * 16-byte loads from rec + xo (the caller keeps them inside the cloud). */
+static inline __attribute__((always_inline)) void sbvi_load4(const unsigned char *rec, size_t stride, const sbv_plan *pl,
+                                  const int packed, __m128 r[4], __m128 *X, __m128 *Y, __m128 *Z) {
+    for (int j = 0; j < 4; j++) {
+        const unsigned char *p = rec + (size_t)j * stride;
+        if (packed) {
+            r[j] = _mm_loadu_ps((const float *)(const void *)(p + pl->x_off));
+        } else {
+            float x, y, z;
+            memcpy(&x, p + pl->x_off, 4);
+            memcpy(&y, p + pl->y_off, 4);
+            memcpy(&z, p + pl->z_off, 4);
+            r[j] = _mm_setr_ps(x, y, z, 0.0f);
+        }
+    }
+    const __m128 t0 = _mm_unpacklo_ps(r[0], r[1]), t1 = _mm_unpacklo_ps(r[2], r[3]);
+    const __m128 t2 = _mm_unpackhi_ps(r[0], r[1]), t3 = _mm_unpackhi_ps(r[2], r[3]);
+    *X = _mm_movelh_ps(t0, t1);
+    *Y = _mm_movehl_ps(t1, t0);
+    *Z = _mm_movelh_ps(t2, t3);
+}
+
+#endif
+
+/* How many leading points of the cloud sbvi_load4 may read with 16-byte loads (packed x, y,
+ * z: the load runs 4 bytes past z, into the next record, never past the cloud). */
+static inline size_t sbvi_load16_points(const job_t *job) {
+    if (!job->plan.xyz_packed) return job->in->points;
+    const size_t bytes = job->in->points * job->stride, xo = job->plan.x_off;
+    const size_t safe = bytes >= xo + 16 ? (bytes - xo - 16) / job->stride + 1 : 0;
+    return safe < job->in->points ? safe : job->in->points;
+}
+
+#if SBV_SSE2
+/* All-ones lanes where x, y and z are all finite (p - p is NaN for NaN and +-inf). */
+static inline __m128 sbvi_finite4(__m128 X, __m128 Y, __m128 Z) {
+    const __m128 zero = _mm_setzero_ps();
+    return _mm_and_ps(_mm_and_ps(_mm_cmpeq_ps(_mm_sub_ps(X, X), zero), _mm_cmpeq_ps(_mm_sub_ps(Y, Y), zero)),
+                      _mm_cmpeq_ps(_mm_sub_ps(Z, Z), zero));
+}
+#endif
+
 /* Add one field of one record to its slot(s) of a voxel's sums. */
 static inline void sbvi_add_field(const sbv_field fd, const unsigned char *rec, sbv_acc *s) {
     const unsigned char *q = rec + fd.offset;
@@ -192,6 +244,60 @@ static inline size_t sbvi_slots(const sbv_cloud *in, uint32_t *slot_of) {
     }
     return slots;
 }
+
+/* ---- the hash path's table (cpu_hash.c; its direct pass is in cpu_hash_direct.c) ---- */
+
+typedef struct {
+    uint64_t key;
+    uint64_t vid;
+} sbvi_slot;
+
+typedef struct {
+    sbvi_slot *table; /* open addressing, linear probing, SBVI_EMPTY_KEY marks a free slot */
+    size_t mask;
+    int shift;
+    sbv_acc *rows;    /* w words per voxel: sum x, sum y, sum z, count, then the other fields */
+    size_t w;
+    uint64_t *vkey;   /* key of each voxel, by voxel number */
+    size_t m, limit;
+} sbvi_hstate;
+
+enum { SBVI_F_XYZ = 0, SBVI_F_COLOR = 1, SBVI_F_ANY = 2 }; /* fields besides x/y/z */
+
+SBV_INTERNAL void sbvi_rehash(sbvi_hstate *hs, size_t cap);
+
+/* Number of the voxel with packed key `key`, its row created zeroed if new; -1 when the
+ * voxel limit is hit. */
+static inline int64_t sbvi_voxel_id(sbvi_hstate *hs, uint64_t key) {
+    size_t h = (size_t)(sbvi_mix(key) >> hs->shift);
+    for (;;) {
+        const sbvi_slot *s = &hs->table[h];
+        if (s->key == key) return (int64_t)s->vid;
+        if (s->key == SBVI_EMPTY_KEY) break;
+        h = (h + 1) & hs->mask;
+    }
+    if (hs->m == hs->limit) return -1;
+    const size_t v = hs->m++;
+    hs->table[h] = (sbvi_slot){key, v};
+    hs->vkey[v] = key;
+    memset(hs->rows + v * hs->w, 0, hs->w * sizeof *hs->rows);
+    if (2 * hs->m > hs->mask + 1) sbvi_rehash(hs, 2 * (hs->mask + 1));
+    return (int64_t)v;
+}
+
+/* Give up early when the voxels found so far, projected over the whole cloud, exceed the
+ * limit (checked every 128 new voxels, after the first 1/16 of the points): the sampled
+ * estimate can be far too low (lidar: a few dense voxels near the sensor, many sparse far
+ * ones), and a late give-up would waste most of a pass. New voxels keep appearing at a
+ * steady rate along scan lines and beams, so the projection is a fair guide. */
+static inline int sbvi_projected_over(const sbvi_hstate *hs, size_t done, size_t n) {
+    return (hs->m & 127) == 0 && done >= n / 16 &&
+           (double)hs->m * (double)n > (double)hs->limit * (double)done;
+}
+
+/* The accumulate pass without a pipeline (fused float32 keys, table in cache); fm is
+ * SBVI_F_XYZ or SBVI_F_COLOR. SBV_OK or SBVI_HASH_FULL. */
+SBV_INTERNAL int sbvi_accumulate_direct(job_t *job, sbvi_hstate *hs, int fm);
 
 /* The ways to finish once bounds are known (each writes job->out, sets *out_points). */
 SBV_INTERNAL int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t err_len);

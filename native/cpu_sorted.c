@@ -51,23 +51,64 @@ static void phase_pack(job_t *job, int t) {
             typedef int32_t v4i __attribute__((vector_size(16)));
             const v4f vv = {v, v, v, 1.0f};
             const v4u km = {(uint32_t)kmin0, (uint32_t)kmin1, (uint32_t)kmin2, 0};
-            for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, rec += stride) {
-                float x, y, z;
-                memcpy(&x, rec + xo, 4);
-                memcpy(&y, rec + yo, 4);
-                memcpy(&z, rec + zo, 4);
-                if (!(isfinite(x) && isfinite(y) && isfinite(z))) continue;
-                const v4f q = (v4f){x, y, z, 0.0f} / vv;
-                const v4i tr = __builtin_convertvector(q, v4i);
-                const v4u u = (v4u)tr + (v4u)(__builtin_convertvector(tr, v4f) > q) - km;
-                const uint64_t item =
-                    ((((uint64_t)u[0] << by | u[1]) << bz | u[2]) << ib) | (uint64_t)i;
-                *dst++ = item;
-                h2a[shr(item, top_shift)]++;
-                uint32_t *sw = h2a;
-                h2a = h2b;
-                h2b = sw;
+#define ONE(I, REC)                                                                               \
+    do {                                                                                          \
+        float x, y, z;                                                                            \
+        memcpy(&x, (REC) + xo, 4);                                                                \
+        memcpy(&y, (REC) + yo, 4);                                                                \
+        memcpy(&z, (REC) + zo, 4);                                                                \
+        if (!(isfinite(x) && isfinite(y) && isfinite(z))) break;                                  \
+        const v4f q = (v4f){x, y, z, 0.0f} / vv;                                                  \
+        const v4i tr = __builtin_convertvector(q, v4i);                                           \
+        const v4u u = (v4u)tr + (v4u)(__builtin_convertvector(tr, v4f) > q) - km;                 \
+        const uint64_t item = ((((uint64_t)u[0] << by | u[1]) << bz | u[2]) << ib) | (uint64_t)(I); \
+        *dst++ = item;                                                                            \
+        h2a[shr(item, top_shift)]++;                                                              \
+        uint32_t *sw = h2a;                                                                       \
+        h2a = h2b;                                                                                \
+        h2b = sw;                                                                                 \
+    } while (0)
+            size_t i = job->chunk[t];
+#if SBV_SSE2
+            /* Four points at a time (sbvi_load4; keys and items in SSE registers, the same
+             * formula); a group with a dropped point goes point by point. */
+            const size_t safe = sbvi_load16_points(job);
+            const size_t hi4 = job->chunk[t + 1] < safe ? job->chunk[t + 1] : safe;
+            const __m128 V = _mm_set1_ps(v);
+            const __m128i KX = _mm_set1_epi32((int)kmin0), KY = _mm_set1_epi32((int)kmin1);
+            const __m128i KZ = _mm_set1_epi32((int)kmin2), zi = _mm_setzero_si128();
+            const __m128i shx = _mm_cvtsi32_si128(by + bz + ib), shy = _mm_cvtsi32_si128(bz + ib);
+            const __m128i shz = _mm_cvtsi32_si128(ib);
+            for (; i + 4 <= hi4; i += 4, rec += 4 * stride) {
+                __m128 r[4], X, Y, Z;
+                sbvi_load4(rec, stride, &job->plan, job->plan.xyz_packed, r, &X, &Y, &Z);
+                if (_mm_movemask_ps(sbvi_finite4(X, Y, Z)) != 15) {
+                    for (size_t j = 0; j < 4; j++) ONE(i + j, rec + j * stride);
+                    continue;
+                }
+#define UKEY(P, K)                                                                                \
+    _mm_sub_epi32(_mm_add_epi32(_mm_cvttps_epi32(_mm_div_ps(P, V)),                               \
+                                _mm_castps_si128(_mm_cmpgt_ps(                                    \
+                                    _mm_cvtepi32_ps(_mm_cvttps_epi32(_mm_div_ps(P, V))), _mm_div_ps(P, V)))), \
+                  K)
+                const __m128i ux = UKEY(X, KX), uy = UKEY(Y, KY), uz = UKEY(Z, KZ);
+#undef UKEY
+#define ITEMS(UNPACK, I0)                                                                         \
+    _mm_or_si128(_mm_or_si128(_mm_sll_epi64(UNPACK(ux, zi), shx), _mm_sll_epi64(UNPACK(uy, zi), shy)), \
+                 _mm_or_si128(_mm_sll_epi64(UNPACK(uz, zi), shz),                                 \
+                              _mm_set_epi64x((long long)(I0) + 1, (long long)(I0))))
+                _mm_storeu_si128((__m128i *)(void *)dst, ITEMS(_mm_unpacklo_epi32, i));
+                _mm_storeu_si128((__m128i *)(void *)(dst + 2), ITEMS(_mm_unpackhi_epi32, i + 2));
+#undef ITEMS
+                h2a[shr(dst[0], top_shift)]++;
+                h2b[shr(dst[1], top_shift)]++;
+                h2a[shr(dst[2], top_shift)]++;
+                h2b[shr(dst[3], top_shift)]++;
+                dst += 4;
             }
+#endif
+            for (; i < job->chunk[t + 1]; i++, rec += stride) ONE(i, rec);
+#undef ONE
         } else {
             for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, rec += stride) {
                 float x, y, z;
@@ -108,6 +149,42 @@ static void phase_scatter(job_t *job, int t) {
     for (; src < end; src++) tmp[offs[shr(*src, top_shift)]++] = *src;
 }
 
+/* One LSD pass of a digit (width bits at shift sh) from src into dst, offsets from counts c. */
+static inline void radix_pass(const uint64_t *src, uint64_t *dst, size_t n, int sh, int width, uint32_t *c) {
+    const uint64_t mask = ((uint64_t)1 << width) - 1;
+    uint32_t sum = 0;
+    for (size_t d = 0; d <= mask; d++) {
+        const uint32_t k = c[d];
+        c[d] = sum;
+        sum += k;
+    }
+    for (size_t i = 0; i < n; i++) dst[c[(src[i] >> sh) & mask]++] = src[i];
+}
+
+/* radix_bucket for at most two digits (up to 18 bits), 32-bit counts, both histograms from
+ * one read with the digit extraction unrolled; the result ends in a. */
+static void radix_two(uint64_t *a, uint64_t *b, size_t n, int lo_bit, int bits) {
+    const int w0 = bits > 9 ? (bits + 1) / 2 : bits, w1 = bits - w0;
+    const int s0 = lo_bit, s1 = lo_bit + w0;
+    const uint64_t m0 = ((uint64_t)1 << w0) - 1, m1 = ((uint64_t)1 << w1) - 1;
+    uint32_t c0[1 << 9], c1[1 << 9];
+    memset(c0, 0, (m0 + 1) * sizeof c0[0]);
+    memset(c1, 0, (m1 + 1) * sizeof c1[0]);
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t v = a[i];
+        c0[(v >> s0) & m0]++;
+        c1[(v >> s1) & m1]++;
+    }
+    const int do0 = c0[(a[0] >> s0) & m0] != n, do1 = w1 > 0 && c1[(a[0] >> s1) & m1] != n;
+    if (do0 && do1) {
+        radix_pass(a, b, n, s0, w0, c0);
+        radix_pass(b, a, n, s1, w1, c1);
+    } else if (do0 || do1) {
+        radix_pass(a, b, n, do0 ? s0 : s1, do0 ? w0 : w1, do0 ? c0 : c1);
+        memcpy(a, b, n * sizeof *a);
+    }
+}
+
 /* Stable LSD radix sort of a[0..n) on bits [lo_bit, lo_bit + bits), using b as scratch.
  * Leaves the result in a. */
 static void radix_bucket(uint64_t *a, uint64_t *b, size_t n, int lo_bit, int bits) {
@@ -127,6 +204,10 @@ static void radix_bucket(uint64_t *a, uint64_t *b, size_t n, int lo_bit, int bit
      * than 8 + 8 + 1), and every digit's histogram from one read. */
     enum { MAXD = 8, MAXW = 9 };
     const int passes = (bits + MAXW - 1) / MAXW;
+    if (passes <= 2 && n < UINT32_MAX) {
+        radix_two(a, b, n, lo_bit, bits);
+        return;
+    }
     int width[MAXD], shift[MAXD];
     for (int p = 0, at = lo_bit, left = bits; p < passes; p++) {
         width[p] = (left + (passes - p) - 1) / (passes - p);

@@ -33,7 +33,42 @@ static void phase_bounds(job_t *job, int t) {
         float lx = INFINITY, ly = INFINITY, lz = INFINITY;
         float hx = -INFINITY, hy = -INFINITY, hz = -INFINITY;
         const uint32_t xo = job->plan.x_off, yo = job->plan.y_off, zo = job->plan.z_off;
-        for (; rec < end; rec += stride) {
+#if SBV_SSE2
+        /* four points at a time (sbvi_load4): dropped points' lanes become +-inf */
+        const size_t safe = sbvi_load16_points(job), hi4 = job->chunk[t + 1] < safe ? job->chunk[t + 1] : safe;
+        const __m128 pinf = _mm_set1_ps(INFINITY), ninf = _mm_set1_ps(-INFINITY);
+        __m128 LX = pinf, LY = pinf, LZ = pinf, HX = ninf, HY = ninf, HZ = ninf;
+        for (size_t i = job->chunk[t]; i + 4 <= hi4; i += 4, rec += 4 * stride) {
+            __m128 r[4], X, Y, Z;
+            sbvi_load4(rec, stride, &job->plan, job->plan.xyz_packed, r, &X, &Y, &Z);
+            const __m128 fin = sbvi_finite4(X, Y, Z);
+            count += (size_t)((0x4332322132212110ull >> (4 * _mm_movemask_ps(fin))) & 15); /* popcount */
+#define KEEP(P, E) _mm_or_ps(_mm_and_ps(fin, P), _mm_andnot_ps(fin, E))
+            LX = _mm_min_ps(LX, KEEP(X, pinf));
+            LY = _mm_min_ps(LY, KEEP(Y, pinf));
+            LZ = _mm_min_ps(LZ, KEEP(Z, pinf));
+            HX = _mm_max_ps(HX, KEEP(X, ninf));
+            HY = _mm_max_ps(HY, KEEP(Y, ninf));
+            HZ = _mm_max_ps(HZ, KEEP(Z, ninf));
+#undef KEEP
+        }
+        float l4[3][4], h4[3][4];
+        _mm_storeu_ps(l4[0], LX);
+        _mm_storeu_ps(l4[1], LY);
+        _mm_storeu_ps(l4[2], LZ);
+        _mm_storeu_ps(h4[0], HX);
+        _mm_storeu_ps(h4[1], HY);
+        _mm_storeu_ps(h4[2], HZ);
+        for (int j = 0; j < 4; j++) {
+            lx = l4[0][j] < lx ? l4[0][j] : lx;
+            ly = l4[1][j] < ly ? l4[1][j] : ly;
+            lz = l4[2][j] < lz ? l4[2][j] : lz;
+            hx = h4[0][j] > hx ? h4[0][j] : hx;
+            hy = h4[1][j] > hy ? h4[1][j] : hy;
+            hz = h4[2][j] > hz ? h4[2][j] : hz;
+        }
+#endif
+        for (; rec < end; rec += stride) { /* the rest, one at a time */
             float x, y, z;
             memcpy(&x, rec + xo, 4);
             memcpy(&y, rec + yo, 4);
