@@ -178,6 +178,7 @@ class EdgeClient:
         self._wake = asyncio.Event()  # the sender has something to look at
         self._progress = asyncio.Event()  # replaced on every state change (broadcast)
         self._welcomes = 0
+        self.last_close = ""  # how the last connection ended, with what the bridge said
 
     # -- state --------------------------------------------------------------------------------
 
@@ -224,9 +225,10 @@ class EdgeClient:
             try:
                 await asyncio.wait_for(self._connected.wait(), timeout)
             except TimeoutError:
+                last = f" (last connection ended {self.last_close})" if self.last_close else ""
                 await self.close()
                 raise ConnectionError(
-                    f"{self.device_id}: no Welcome from {self.url} within {timeout} s"
+                    f"{self.device_id}: no Welcome from {self.url} within {timeout} s{last}"
                 ) from None
 
     def prepare(self, stream_id: str, data: Payload | PreparedPayload) -> PreparedPayload:
@@ -380,6 +382,8 @@ class EdgeClient:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(conn.close(), 2.0)
                     self.stats.close_reasons[conn.close_reason()] += 1
+                    detail = conn.close_detail()
+                    self.last_close = conn.close_reason() + (f": {detail}" if detail else "")
             if self._closing:
                 break
             if self._welcomes > welcomed_before:

@@ -117,6 +117,11 @@ class Connection(Protocol):
 
     async def close(self) -> None: ...
     def close_reason(self) -> str: ...
+    def close_detail(self) -> str:
+        """What the bridge said when it ended the connection (close reason, gRPC status
+        details), or ""."""
+        ...
+
     def unsent_bytes(self) -> int:
         """Bytes written but not yet on the wire, as far as this transport can tell (0 when
         it cannot)."""
@@ -224,6 +229,9 @@ class WsConnection:
     async def close(self) -> None:
         await self._ws.close()
 
+    def close_detail(self) -> str:
+        return self._ws.close_reason or ""
+
     def close_reason(self) -> str:
         code = self._ws.close_code
         if code is None:
@@ -268,19 +276,20 @@ class GrpcConnection:
         metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._call = connect(metadata=metadata)
         self._status = ""
+        self._details = ""
 
     async def send(self, data: bytes) -> None:
         try:
             await self._call.write(data)
         except grpc.aio.AioRpcError as exc:
-            self._status = exc.code().name
+            self._status, self._details = exc.code().name, exc.details() or ""
             raise
 
     async def recv(self) -> pb.BridgeMessage | None:
         try:
             msg = await self._call.read()
         except grpc.aio.AioRpcError as exc:
-            self._status = exc.code().name
+            self._status, self._details = exc.code().name, exc.details() or ""
             return None
         if msg is grpc.aio.EOF:
             self._status = "OK"
@@ -300,3 +309,6 @@ class GrpcConnection:
 
     def close_reason(self) -> str:
         return f"grpc:{self._status or 'CANCELLED'}"
+
+    def close_detail(self) -> str:
+        return self._details

@@ -5,7 +5,9 @@ call whose window no longer fits is refused with a clear status instead of going
 from __future__ import annotations
 
 import grpc
+import pytest
 
+from bridge.client import EdgeClient, StreamSpec
 from bridge.governor import Component
 from tests.integration.harness import (
     RawGrpcEdge,
@@ -56,3 +58,14 @@ async def test_a_call_whose_window_does_not_fit_is_refused_and_counted() -> None
         finally:
             for edge in edges:
                 await edge.close()
+
+
+async def test_the_sdk_says_why_the_bridge_refused_its_call() -> None:
+    # 16 MiB budget, 12 MiB admission: a 16 MiB window never fits.
+    async with running_bridge(ring_budget_bytes=16 * MiB, grpc_window_bytes=16 * MiB) as bridge:
+        url = f"grpc://{grpc_target(bridge)}"
+        edge = EdgeClient(url, device_id="dev", streams=[StreamSpec("s")])
+        with pytest.raises(ConnectionError) as info:
+            await edge.start(timeout=2.0)
+        assert "RESOURCE_EXHAUSTED" in str(info.value)
+        assert "receive window" in str(info.value)
