@@ -123,6 +123,7 @@ _POLICIES = {
     pb.DROP_OLDEST: Policy.DROP_OLDEST,
 }
 _LANES = (pb.PRIORITY_CONTROL, pb.PRIORITY_TELEMETRY, pb.PRIORITY_BULK)
+LANE_BURST = 8  # picks a lane with work may be passed over in a row (see take_work)
 
 
 class BridgeCore:
@@ -138,6 +139,7 @@ class BridgeCore:
         self._state_charges: dict[str, Charge] = {}  # session id -> its state's charge
         # Streams with PENDING entries, one round-robin queue per lane (index = lane - 1).
         self._work_queues: tuple[deque[Stream], ...] = (deque(), deque(), deque())
+        self._lane_skipped = [0, 0, 0]  # picks in a row that passed over a lane with work
         self._queued: set[StreamKey] = set()
         self._watermarks: dict[StreamKey, int] = {}
 
@@ -419,23 +421,41 @@ class BridgeCore:
         """Next frame to process: the highest lane with pending frames first, round robin over
         its streams (only streams ``accept`` admits, when given: e.g. the cheap ones while every
         worker is busy). Lanes order commits, so the sink and viewers get a telemetry frame
-        before the clouds that were queued with it."""
-        for queue in self._work_queues:
-            for _ in range(len(queue)):
-                stream = queue.popleft()
-                if accept is not None and not accept(stream):
-                    queue.append(stream)
-                    continue
-                entry = stream.ring.take_pending()
-                if entry is None:
-                    self._queued.discard(stream.key)
-                    continue
+        before the clouds that were queued with it. A lane passed over ``LANE_BURST`` times in
+        a row goes first once: an edge that declares everything ``control`` cannot starve the
+        other edges' bulk streams (lower lanes keep at least 1 pick in ``LANE_BURST + 1``)."""
+        skipped = self._lane_skipped
+        order: tuple[int, ...] = (0, 1, 2)
+        if max(skipped) >= LANE_BURST:
+            starved = max(range(3), key=lambda lane: skipped[lane])
+            order = (starved, *(lane for lane in order if lane != starved))
+        for lane in order:
+            item = self._take_from(self._work_queues[lane], accept)
+            if item is not None:
+                for other in range(3):
+                    skipped[other] = (
+                        0 if other == lane or not self._work_queues[other] else (skipped[other] + 1)
+                    )
+                return item
+        return None
+
+    def _take_from(
+        self, queue: deque[Stream], accept: Callable[[Stream], bool] | None
+    ) -> WorkItem | None:
+        for _ in range(len(queue)):
+            stream = queue.popleft()
+            if accept is not None and not accept(stream):
                 queue.append(stream)
-                frame, layout, points, data = cast(
-                    tuple[pb.Frame, CloudLayout | None, int, bytes | memoryview | None],
-                    entry.item,
-                )
-                return WorkItem(stream, entry, frame, layout, points, data)
+                continue
+            entry = stream.ring.take_pending()
+            if entry is None:
+                self._queued.discard(stream.key)
+                continue
+            queue.append(stream)
+            frame, layout, points, data = cast(
+                tuple[pb.Frame, CloudLayout | None, int, bytes | memoryview | None], entry.item
+            )
+            return WorkItem(stream, entry, frame, layout, points, data)
         return None
 
     def complete(self, item: WorkItem, result: bytes | tuple[bytes, ...]) -> None:

@@ -367,3 +367,24 @@ def test_an_unknown_priority_is_refused() -> None:
     spec = pb.StreamSpec(stream_id="x", kind=pb.POINT_CLOUD, priority=9)  # type: ignore[arg-type]
     with pytest.raises(ProtocolViolation):
         core.hello(pb.Hello(device_id="dev", streams=[spec]), "c")
+
+
+def test_a_flood_in_a_higher_lane_cannot_starve_a_lower_one() -> None:
+    from bridge.core import LANE_BURST
+
+    core, _ = make_core(max_streams=2, budget=10_000_000, max_frame_bytes=1_000_000)
+    specs = [
+        pb.StreamSpec(stream_id="noisy", kind=pb.POINT_CLOUD, priority=pb.PRIORITY_CONTROL),
+        pb.StreamSpec(stream_id="lidar", kind=pb.POINT_CLOUD),
+    ]
+    s, _ = attach(core, pb.Hello(device_id="dev", streams=specs), "c")
+    for seq in range(1, 3 * LANE_BURST):
+        assert core.offer(s, cloud_frame("noisy", seq), 100, 0) is Offer.ACCEPTED
+    for seq in (1, 2):
+        assert core.offer(s, cloud_frame("lidar", seq), 100, 0) is Offer.ACCEPTED
+    order = []
+    while (item := core.take_work()) is not None:
+        order.append(item.frame.stream_id)
+    assert order.index("lidar") == LANE_BURST  # after LANE_BURST control frames, one bulk
+    second = order.index("lidar", LANE_BURST + 1)
+    assert second == 2 * LANE_BURST + 1  # and again after the next LANE_BURST
