@@ -34,6 +34,14 @@
 #define SBV_TOP_BITS 11
 #define SBV_SMALL_BUCKET 48
 #define SBV_PREFETCH 24
+/* Sorted path with several threads: each thread's chunk is packed in this many blocks, and the
+ * buckets are sorted and reduced in this many runs per thread; threads claim blocks and runs
+ * as they finish (the cost per item is uneven: a lidar sweep's upward beams scatter to far
+ * more buckets than its ground rings, so equal halves left one thread idle for ~1 ms). */
+#ifndef SBV_SPLIT
+#define SBV_SPLIT 4
+#endif
+#define SBV_MAX_PARTS (SBV_MAX_THREADS * SBV_SPLIT)
 /* Dense path when the key grid has at most this many cells per point (and at most
  * SBV_DENSE_MAX_CELLS cells): counting needs no sort, and the per-voxel sums stay in cache. */
 #ifndef SBV_DENSE_CELLS_PER_POINT
@@ -86,12 +94,17 @@ struct job {
     int keys_i32; /* sorted path: float32 keys that fit int32 (vector key computation) */
     uint64_t idx_mask;
     size_t nbuckets;
-    size_t *hist;       /* nt * nbuckets, then offsets */
+    size_t *hist;       /* nblocks * nbuckets, then offsets */
     size_t *bucket_at;  /* nbuckets + 1 */
     uint64_t *items, *tmp;
-    size_t bucket_range[SBV_MAX_THREADS + 1];
-    size_t voxels[SBV_MAX_THREADS];
-    size_t out_base[SBV_MAX_THREADS];
+    int split;          /* blocks per thread's chunk, bucket runs per thread (1 or SBV_SPLIT) */
+    size_t nblocks, nruns;
+    size_t block_at[SBV_MAX_PARTS + 1]; /* items of block b: [block_at[b], block_end[b]) */
+    size_t block_end[SBV_MAX_PARTS];
+    _Atomic size_t claim; /* next block or run to take */
+    size_t bucket_range[SBV_MAX_PARTS + 1];
+    size_t voxels[SBV_MAX_PARTS];
+    size_t out_base[SBV_MAX_PARTS];
     unsigned char *out;
     /* dense path */
     uint64_t span[3];
