@@ -140,34 +140,24 @@ static uint64_t *pack_block(job_t *job, size_t lo, size_t hi, uint64_t *dst, siz
     return dst;
 }
 
-/* Thread t's chunk in job->split blocks, each with its own histogram row, so that the
- * scatter can hand blocks to whichever thread is free and stay stable. */
+/* Blocks of points, each with its own histogram row and item range, taken by whichever
+ * thread is free; bucket-major, block-minor offsets then keep the scatter stable. */
 static void phase_pack(job_t *job, int t) {
-    const size_t lo = job->chunk[t], len = job->chunk[t + 1] - lo;
-    const size_t split = (size_t)job->split;
-    uint64_t *dst = job->items + job->finite_base[t];
-    for (size_t k = 0; k < split; k++) {
-        const size_t b = (size_t)t * split + k;
-        job->block_at[b] = (size_t)(dst - job->items);
-        dst = pack_block(job, lo + len * k / split, lo + len * (k + 1) / split, dst,
-                         job->hist + b * job->nbuckets);
-        job->block_end[b] = (size_t)(dst - job->items);
+    (void)t;
+    for (size_t b; (b = sbvi_claim(job, job->nblocks)) != SIZE_MAX;) {
+        uint64_t *end = pack_block(job, sbvi_block_lo(job, b), sbvi_block_lo(job, b + 1),
+                                   job->items + job->finite_base[b], job->hist + b * job->nbuckets);
+        job->block_end[b] = (size_t)(end - job->items);
     }
-}
-
-/* The next block or bucket run nobody has taken, or SIZE_MAX when all are taken. */
-static inline size_t claim(job_t *job, size_t parts) {
-    const size_t k = atomic_fetch_add_explicit(&job->claim, 1, memory_order_relaxed);
-    return k < parts ? k : SIZE_MAX;
 }
 
 static void phase_scatter(job_t *job, int t) {
     (void)t;
     uint64_t *tmp = job->tmp;
     const int top_shift = job->top_shift;
-    for (size_t b; (b = claim(job, job->nblocks)) != SIZE_MAX;) {
+    for (size_t b; (b = sbvi_claim(job, job->nblocks)) != SIZE_MAX;) {
         size_t *offs = job->hist + b * job->nbuckets;
-        const uint64_t *src = job->items + job->block_at[b];
+        const uint64_t *src = job->items + job->finite_base[b];
         const uint64_t *end = job->items + job->block_end[b];
         for (; src < end; src++) tmp[offs[shr(*src, top_shift)]++] = *src;
     }
@@ -281,7 +271,7 @@ static void sort_run(job_t *job, size_t r) {
 
 static void phase_sort(job_t *job, int t) {
     (void)t;
-    for (size_t r; (r = claim(job, job->nruns)) != SIZE_MAX;) sort_run(job, r);
+    for (size_t r; (r = sbvi_claim(job, job->nruns)) != SIZE_MAX;) sort_run(job, r);
 }
 
 static void reduce_run(job_t *job, size_t r) {
@@ -364,12 +354,11 @@ static void reduce_run(job_t *job, size_t r) {
 
 static void phase_reduce(job_t *job, int t) {
     (void)t;
-    for (size_t r; (r = claim(job, job->nruns)) != SIZE_MAX;) reduce_run(job, r);
+    for (size_t r; (r = sbvi_claim(job, job->nruns)) != SIZE_MAX;) reduce_run(job, r);
 }
 
 /* Steps B-E once bounds and key widths are known (job->kb, job->ib set). */
 int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t err_len) {
-    const int nt = job->nt;
 #ifdef SBV_TIMING
     double sbv_t0 = sbv_now();
 #endif
@@ -382,9 +371,6 @@ int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t
     }
     job->top_shift = job->ib + job->kb - job->top_bits;
     job->nbuckets = (size_t)1 << job->top_bits;
-    job->split = nt > 1 ? SBV_SPLIT : 1;
-    job->nblocks = (size_t)nt * (size_t)job->split;
-    job->nruns = job->nblocks;
     size_t hist_words = job->nblocks * job->nbuckets + job->nbuckets + 1;
     size_t bytes = 2 * nf * sizeof(uint64_t) + hist_words * sizeof(size_t);
     int cached = 0;
@@ -398,20 +384,32 @@ int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t
     job->hist = (size_t *)(job->tmp + nf);
     job->bucket_at = job->hist + job->nblocks * job->nbuckets;
 
+    atomic_store_explicit(&job->claim, 0, memory_order_relaxed);
     sbvi_run_phase(job, phase_pack);
     SBV_TICK("pack");
-    /* bucket-major, block-minor offsets keep the scatter stable */
+    /* bucket-major, block-minor offsets keep the scatter stable (computed row by row: a
+     * column walk strides by a whole histogram) */
+    size_t *at = job->bucket_at, *row = job->hist;
+    const size_t nb = job->nbuckets;
+    memcpy(at, row, nb * sizeof *at);
+    for (size_t k = 1; k < job->nblocks; k++)
+        for (size_t b = 0; b < nb; b++) at[b] += row[k * nb + b];
     size_t sum = 0;
-    for (size_t b = 0; b < job->nbuckets; b++) {
-        job->bucket_at[b] = sum;
-        for (size_t k = 0; k < job->nblocks; k++) {
-            size_t *h = job->hist + k * job->nbuckets + b;
-            size_t c = *h;
-            *h = sum;
-            sum += c;
-        }
+    for (size_t b = 0; b < nb; b++) {
+        const size_t c = at[b];
+        at[b] = sum;
+        sum += c;
     }
-    job->bucket_at[job->nbuckets] = sum;
+    at[nb] = sum;
+    /* each block's row becomes its write offsets: the bucket's start plus earlier blocks' counts */
+    size_t next[1 << SBV_TOP_BITS];
+    memcpy(next, at, nb * sizeof *at);
+    for (size_t k = 0; k < job->nblocks; k++)
+        for (size_t b = 0; b < nb; b++) {
+            const size_t c = row[k * nb + b];
+            row[k * nb + b] = next[b];
+            next[b] += c;
+        }
     atomic_store_explicit(&job->claim, 0, memory_order_relaxed);
     sbvi_run_phase(job, phase_scatter);
     SBV_TICK("scatter");
