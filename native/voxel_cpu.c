@@ -147,6 +147,7 @@ static int downsample(job_t *job, double voxel_size, int threads, size_t cap, si
          * With two threads, one hashing thread still beats two sorting ones when the table
          * stays in cache (measured 2-2.5x one sorting thread vs ~1.7x for two). */
         if (estimate <= limit / 2 && (nt == 1 || estimate <= SBV_HASH_DIRECT_VOXELS)) {
+            sbvi_team_hold(nt, 0); /* one thread hashes: the helper need not spin meanwhile */
             job->nt = 1;
             int rc = sbvi_run_hash(job, 1, estimate, cap, out_points, err, err_len);
             job->nt = nt;
