@@ -254,7 +254,13 @@ static void radix_bucket(uint64_t *a, uint64_t *b, size_t n, int lo_bit, int bit
     if (src != a) memcpy(a, src, n * sizeof *a);
 }
 
+/* A bucket of at most this many items sorts through a buffer of its thread's that stays in
+ * cache, not through its slice of job->items (dead after the scatter): that slice would be
+ * read from memory and written back only to be read once more. */
+#define SBV_SORT_LOCAL 4096
+
 static void sort_run(job_t *job, size_t r) {
+    static _Thread_local uint64_t local[SBV_SORT_LOCAL]; /* 32 KB */
     size_t voxels = 0;
     const int ib = job->ib;
     const int rest = job->top_shift - ib;
@@ -262,7 +268,7 @@ static void sort_run(job_t *job, size_t r) {
         size_t s = job->bucket_at[bkt], e = job->bucket_at[bkt + 1];
         if (s == e) continue;
         uint64_t *a = job->tmp + s;
-        radix_bucket(a, job->items + s, e - s, ib, rest);
+        radix_bucket(a, e - s <= SBV_SORT_LOCAL ? local : job->items + s, e - s, ib, rest);
         voxels++;
         for (size_t i = 1; i < e - s; i++) voxels += shr(a[i], ib) != shr(a[i - 1], ib);
     }
