@@ -13,7 +13,6 @@
 #include "cpu_internal.h"
 
 #include <sched.h>
-#include <time.h>
 
 #define SBV_SPIN 4000 /* ~10-40 us of polling before a helper or the caller sleeps */
 
@@ -34,7 +33,7 @@ struct team {
     _Atomic unsigned gen;
     _Atomic int remaining;
     _Atomic int stop;
-    _Atomic int hold; /* a call is running: helpers spin between its phases, not sleep */
+    _Atomic int hold; /* a call with this many threads runs: its helpers spin, not sleep */
     job_t *job;
     phase_fn fn;
     int nt;
@@ -48,15 +47,6 @@ static inline void relax(void) {
 #endif
 }
 
-/* Bounds the spin of a held helper whose caller never lets go (it always does). */
-#define SBV_HOLD_NS 50000000ull
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void *helper_main(void *p) {
     helper_arg *a = (helper_arg *)p;
     team_t *tm = a->team;
@@ -68,17 +58,14 @@ static void *helper_main(void *p) {
             relax();
             g = atomic_load(&tm->gen);
         }
-        if (g == seen && atomic_load(&tm->hold)) { /* a call is running: its next phase is near */
-            const uint64_t until = now_ns() + SBV_HOLD_NS;
-            for (unsigned s = 1; g == seen && atomic_load(&tm->hold) && !atomic_load(&tm->stop); s++) {
-                relax();
-                g = atomic_load(&tm->gen);
-                if (!(s & 1023) && now_ns() > until) break;
-            }
+        /* a call is running (its caller always lets go as it returns): its next phase is near */
+        while (g == seen && t < atomic_load(&tm->hold) && !atomic_load(&tm->stop)) {
+            relax();
+            g = atomic_load(&tm->gen);
         }
         if (g == seen) {
             pthread_mutex_lock(&tm->mu);
-            while ((g = atomic_load(&tm->gen)) == seen && !atomic_load(&tm->stop) && !atomic_load(&tm->hold))
+            while ((g = atomic_load(&tm->gen)) == seen && !atomic_load(&tm->stop) && t >= atomic_load(&tm->hold))
                 pthread_cond_wait(&tm->go, &tm->mu);
             pthread_mutex_unlock(&tm->mu);
             if (g == seen && !atomic_load(&tm->stop)) continue; /* held: spin */
@@ -154,7 +141,7 @@ void sbvi_team_hold(int nt, int on) {
     }
     if (grow(tm, nt) < nt) return;
     pthread_mutex_lock(&tm->mu);
-    atomic_store(&tm->hold, 1);
+    atomic_store(&tm->hold, nt);
     pthread_cond_broadcast(&tm->go);
     pthread_mutex_unlock(&tm->mu);
 }
