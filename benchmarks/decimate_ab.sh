@@ -3,6 +3,8 @@
 # side in one process per input (benchmarks/decimate_ab.c), one thread, CPU time: the vendored
 # real frames at 2 cm and synthetic lidar (100k, 1M) at 0.2 m. Ratios, not rates, are the
 # finding on a shared machine. Needs gcc and (for the .pcd frames) Open3D; writes build/ab/.
+# THREADS=N (N > 1): thread scaling of both builds instead, wall clock, on the lidar clouds
+# (x1 and xN of A and B interleaved in every round; see decimate_ab.c).
 set -euo pipefail
 REV=${1:-main}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,6 +33,12 @@ for n in (100_000, 1_000_000):
     (out / f"lidar{n}.s12").write_bytes(synthetic_case("lidar", n, 0.2, 0).data)
 PYEOF
 echo "A = $REV, B = working tree; load $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "${THREADS:-1}" -gt 1 ]; then
+    "$OUT/decimate_ab" "$OUT/before.so" "$OUT/after.so" "$OUT/lidar100000.s12" 0.2 101 "$THREADS"
+    "$OUT/decimate_ab" "$OUT/before.so" "$OUT/after.so" "$OUT/lidar1000000.s12" 0.2 31 "$THREADS"
+    echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
+    exit 0
+fi
 for f in "$OUT"/*.s16; do "$OUT/decimate_ab" "$OUT/before.so" "$OUT/after.so" "$f" 0.02 21; done
 "$OUT/decimate_ab" "$OUT/before.so" "$OUT/after.so" "$OUT/lidar100000.s12" 0.2 21
 "$OUT/decimate_ab" "$OUT/before.so" "$OUT/after.so" "$OUT/lidar1000000.s12" 0.2 9

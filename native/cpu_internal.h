@@ -34,6 +34,19 @@
 #define SBV_TOP_BITS 11
 #define SBV_SMALL_BUCKET 48
 #define SBV_PREFETCH 24
+/* Several threads: the cloud is bounded, packed and scattered in SBV_SPLIT blocks per thread,
+ * the buckets sorted and reduced in SBV_RUN_SPLIT runs per thread, and threads claim blocks
+ * and runs as they finish. The cost per item is uneven (a lidar sweep's upward beams scatter
+ * to far more buckets than its ground rings: equal halves left one thread idle ~1 ms), and
+ * the last run taken decides when a phase ends, so runs are small. */
+#ifndef SBV_SPLIT
+#define SBV_SPLIT 4
+#endif
+#ifndef SBV_RUN_SPLIT
+#define SBV_RUN_SPLIT 16
+#endif
+#define SBV_MAX_PARTS (SBV_MAX_THREADS * SBV_SPLIT)
+#define SBV_MAX_RUNS (SBV_MAX_THREADS * SBV_RUN_SPLIT)
 /* Dense path when the key grid has at most this many cells per point (and at most
  * SBV_DENSE_MAX_CELLS cells): counting needs no sort, and the per-voxel sums stay in cache. */
 #ifndef SBV_DENSE_CELLS_PER_POINT
@@ -76,22 +89,26 @@ struct job {
     size_t stride;
     int nt;
     size_t chunk[SBV_MAX_THREADS + 1];
-    /* A */
-    size_t finite[SBV_MAX_THREADS];
-    double lo[SBV_MAX_THREADS][3], hi[SBV_MAX_THREADS][3];
-    size_t finite_base[SBV_MAX_THREADS];
+    /* A, per block of points (bounds and pack: nblocks blocks, claimed) */
+    int split;          /* blocks per thread (1 or SBV_SPLIT) */
+    size_t nblocks, nruns;
+    _Atomic size_t claim; /* next block or run to take */
+    size_t finite[SBV_MAX_PARTS];
+    double lo[SBV_MAX_PARTS][3], hi[SBV_MAX_PARTS][3];
+    size_t finite_base[SBV_MAX_PARTS];
     /* key packing */
     int64_t kmin[3];
     int by, bz, ib, kb, top_bits, top_shift;
     int keys_i32; /* sorted path: float32 keys that fit int32 (vector key computation) */
     uint64_t idx_mask;
     size_t nbuckets;
-    size_t *hist;       /* nt * nbuckets, then offsets */
+    size_t *hist;       /* nblocks * nbuckets, then offsets */
     size_t *bucket_at;  /* nbuckets + 1 */
     uint64_t *items, *tmp;
-    size_t bucket_range[SBV_MAX_THREADS + 1];
-    size_t voxels[SBV_MAX_THREADS];
-    size_t out_base[SBV_MAX_THREADS];
+    size_t block_end[SBV_MAX_PARTS]; /* items of block b: [finite_base[b], block_end[b]) */
+    size_t bucket_range[SBV_MAX_RUNS + 1]; /* run r: buckets [bucket_range[r], [r + 1]) */
+    size_t voxels[SBV_MAX_RUNS];
+    size_t out_base[SBV_MAX_RUNS];
     unsigned char *out;
     /* dense path */
     uint64_t span[3];
@@ -125,6 +142,19 @@ typedef void (*phase_fn)(job_t *, int);
 
 /* Run fn(job, t) for t in [0, job->nt), the caller taking t = 0. */
 SBV_INTERNAL int sbvi_run_phase(job_t *job, phase_fn fn);
+/* Keep this thread's helpers 1..nt-1 awake and spinning (on: a call with nt threads starts and
+ * its first phase follows the serial estimate) or let them sleep again (off: the call ends). */
+SBV_INTERNAL void sbvi_team_hold(int nt, int on);
+
+/* Points [lo, hi) of block b (nblocks equal blocks of the cloud). */
+static inline size_t sbvi_block_lo(const job_t *job, size_t b) {
+    return (size_t)((unsigned __int128)job->in->points * b / job->nblocks);
+}
+/* The next block or bucket run nobody has taken, or SIZE_MAX when all `parts` are taken. */
+static inline size_t sbvi_claim(job_t *job, size_t parts) {
+    const size_t k = atomic_fetch_add_explicit(&job->claim, 1, memory_order_relaxed);
+    return k < parts ? k : SIZE_MAX;
+}
 
 /* A buffer of at least `bytes`, cached per calling thread when *cached is set on return. */
 SBV_INTERNAL void *sbvi_scratch_get(size_t bytes, int *cached);

@@ -25,15 +25,14 @@ static inline uint64_t pack(const job_t *job, int64_t kx, int64_t ky, int64_t kz
     return shl(key, job->ib) | (uint64_t)i;
 }
 
-static void phase_pack(job_t *job, int t) {
-    size_t *hist = job->hist + (size_t)t * job->nbuckets;
+/* Items of points [lo, hi) from dst on, their top-digit counts in hist; returns the end. */
+static uint64_t *pack_block(job_t *job, size_t lo, size_t hi, uint64_t *dst, size_t *hist) {
     memset(hist, 0, job->nbuckets * sizeof *hist);
-    uint64_t *dst = job->items + job->finite_base[t];
     const size_t stride = job->stride;
     const int top_shift = job->top_shift;
     const int64_t kmin0 = job->kmin[0], kmin1 = job->kmin[1], kmin2 = job->kmin[2];
     const int by = job->by, bz = job->bz, ib = job->ib;
-    if (job->plan.xyz_f32 && job->kb + ib < 64 && job->chunk[t + 1] - job->chunk[t] < UINT32_MAX) {
+    if (job->plan.xyz_f32 && job->kb + ib < 64 && hi - lo < UINT32_MAX) {
         /* Four-byte loads (a 12-byte memcpy went through the stack and stalled), and two
          * histograms used alternately: neighbouring points share a top digit, and a single
          * counter would chain every increment through a store and a reload. */
@@ -43,7 +42,7 @@ static void phase_pack(job_t *job, int t) {
         uint32_t *h2a = h2[0], *h2b = h2[1];
         const float v = job->plan.voxel_f;
         const uint32_t xo = job->plan.x_off, yo = job->plan.y_off, zo = job->plan.z_off;
-        const unsigned char *rec = job->data + job->chunk[t] * stride;
+        const unsigned char *rec = job->data + lo * stride;
         if (job->keys_i32) {
             /* one SSE division for the three axes (divss is the slowest step of a scalar key) */
             typedef float v4f __attribute__((vector_size(16)));
@@ -68,12 +67,12 @@ static void phase_pack(job_t *job, int t) {
         h2a = h2b;                                                                                \
         h2b = sw;                                                                                 \
     } while (0)
-            size_t i = job->chunk[t];
+            size_t i = lo;
 #if SBV_SSE2
             /* Four points at a time (sbvi_load4; keys and items in SSE registers, the same
              * formula); a group with a dropped point goes point by point. */
             const size_t safe = sbvi_load16_points(job);
-            const size_t hi4 = job->chunk[t + 1] < safe ? job->chunk[t + 1] : safe;
+            const size_t hi4 = hi < safe ? hi : safe;
             const __m128 V = _mm_set1_ps(v);
             const __m128i KX = _mm_set1_epi32((int)kmin0), KY = _mm_set1_epi32((int)kmin1);
             const __m128i KZ = _mm_set1_epi32((int)kmin2), zi = _mm_setzero_si128();
@@ -107,10 +106,10 @@ static void phase_pack(job_t *job, int t) {
                 dst += 4;
             }
 #endif
-            for (; i < job->chunk[t + 1]; i++, rec += stride) ONE(i, rec);
+            for (; i < hi; i++, rec += stride) ONE(i, rec);
 #undef ONE
         } else {
-            for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++, rec += stride) {
+            for (size_t i = lo; i < hi; i++, rec += stride) {
                 float x, y, z;
                 memcpy(&x, rec + xo, 4);
                 memcpy(&y, rec + yo, 4);
@@ -128,9 +127,9 @@ static void phase_pack(job_t *job, int t) {
             }
         }
         for (size_t b = 0; b < job->nbuckets; b++) hist[b] = (size_t)h2[0][b] + h2[1][b];
-        return;
+        return dst;
     }
-    for (size_t i = job->chunk[t]; i < job->chunk[t + 1]; i++) {
+    for (size_t i = lo; i < hi; i++) {
         double p[3];
         if (!load_xyz(job, job->data + i * stride, &p[0], &p[1], &p[2])) continue;
         uint64_t item = pack(job, (int64_t)key_of(job, p[0]), (int64_t)key_of(job, p[1]),
@@ -138,15 +137,30 @@ static void phase_pack(job_t *job, int t) {
         *dst++ = item;
         hist[shr(item, top_shift)]++;
     }
+    return dst;
+}
+
+/* Blocks of points, each with its own histogram row and item range, taken by whichever
+ * thread is free; bucket-major, block-minor offsets then keep the scatter stable. */
+static void phase_pack(job_t *job, int t) {
+    (void)t;
+    for (size_t b; (b = sbvi_claim(job, job->nblocks)) != SIZE_MAX;) {
+        uint64_t *end = pack_block(job, sbvi_block_lo(job, b), sbvi_block_lo(job, b + 1),
+                                   job->items + job->finite_base[b], job->hist + b * job->nbuckets);
+        job->block_end[b] = (size_t)(end - job->items);
+    }
 }
 
 static void phase_scatter(job_t *job, int t) {
-    size_t *offs = job->hist + (size_t)t * job->nbuckets;
-    const uint64_t *src = job->items + job->finite_base[t];
-    const uint64_t *end = src + job->finite[t];
+    (void)t;
     uint64_t *tmp = job->tmp;
     const int top_shift = job->top_shift;
-    for (; src < end; src++) tmp[offs[shr(*src, top_shift)]++] = *src;
+    for (size_t b; (b = sbvi_claim(job, job->nblocks)) != SIZE_MAX;) {
+        size_t *offs = job->hist + b * job->nbuckets;
+        const uint64_t *src = job->items + job->finite_base[b];
+        const uint64_t *end = job->items + job->block_end[b];
+        for (; src < end; src++) tmp[offs[shr(*src, top_shift)]++] = *src;
+    }
 }
 
 /* One LSD pass of a digit (width bits at shift sh) from src into dst, offsets from counts c. */
@@ -240,27 +254,38 @@ static void radix_bucket(uint64_t *a, uint64_t *b, size_t n, int lo_bit, int bit
     if (src != a) memcpy(a, src, n * sizeof *a);
 }
 
-static void phase_sort(job_t *job, int t) {
+/* A bucket of at most this many items sorts through a buffer of its thread's that stays in
+ * cache, not through its slice of job->items (dead after the scatter): that slice would be
+ * read from memory and written back only to be read once more. */
+#define SBV_SORT_LOCAL 4096
+
+static void sort_run(job_t *job, size_t r) {
+    static _Thread_local uint64_t local[SBV_SORT_LOCAL]; /* 32 KB */
     size_t voxels = 0;
     const int ib = job->ib;
     const int rest = job->top_shift - ib;
-    for (size_t bkt = job->bucket_range[t]; bkt < job->bucket_range[t + 1]; bkt++) {
+    for (size_t bkt = job->bucket_range[r]; bkt < job->bucket_range[r + 1]; bkt++) {
         size_t s = job->bucket_at[bkt], e = job->bucket_at[bkt + 1];
         if (s == e) continue;
         uint64_t *a = job->tmp + s;
-        radix_bucket(a, job->items + s, e - s, ib, rest);
+        radix_bucket(a, e - s <= SBV_SORT_LOCAL ? local : job->items + s, e - s, ib, rest);
         voxels++;
         for (size_t i = 1; i < e - s; i++) voxels += shr(a[i], ib) != shr(a[i - 1], ib);
     }
-    job->voxels[t] = voxels;
+    job->voxels[r] = voxels;
 }
 
-static void phase_reduce(job_t *job, int t) {
+static void phase_sort(job_t *job, int t) {
+    (void)t;
+    for (size_t r; (r = sbvi_claim(job, job->nruns)) != SIZE_MAX;) sort_run(job, r);
+}
+
+static void reduce_run(job_t *job, size_t r) {
     const sbv_cloud *in = job->in;
     const int ib = job->ib;
-    unsigned char *out = job->out + job->out_base[t] * job->stride;
-    size_t s = job->bucket_at[job->bucket_range[t]];
-    const size_t end = job->bucket_at[job->bucket_range[t + 1]];
+    unsigned char *out = job->out + job->out_base[r] * job->stride;
+    size_t s = job->bucket_at[job->bucket_range[r]];
+    const size_t end = job->bucket_at[job->bucket_range[r + 1]];
     const uint64_t *a = job->tmp;
     const uint64_t mask = job->idx_mask;
     const unsigned char *data = job->data;
@@ -333,9 +358,13 @@ static void phase_reduce(job_t *job, int t) {
     }
 }
 
+static void phase_reduce(job_t *job, int t) {
+    (void)t;
+    for (size_t r; (r = sbvi_claim(job, job->nruns)) != SIZE_MAX;) reduce_run(job, r);
+}
+
 /* Steps B-E once bounds and key widths are known (job->kb, job->ib set). */
 int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t err_len) {
-    const int nt = job->nt;
 #ifdef SBV_TIMING
     double sbv_t0 = sbv_now();
 #endif
@@ -348,7 +377,7 @@ int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t
     }
     job->top_shift = job->ib + job->kb - job->top_bits;
     job->nbuckets = (size_t)1 << job->top_bits;
-    size_t hist_words = (size_t)nt * job->nbuckets + job->nbuckets + 1;
+    size_t hist_words = job->nblocks * job->nbuckets + job->nbuckets + 1;
     size_t bytes = 2 * nf * sizeof(uint64_t) + hist_words * sizeof(size_t);
     int cached = 0;
     unsigned char *mem = (unsigned char *)sbvi_scratch_get(bytes, &cached);
@@ -359,40 +388,56 @@ int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t
     job->items = (uint64_t *)mem;
     job->tmp = job->items + nf;
     job->hist = (size_t *)(job->tmp + nf);
-    job->bucket_at = job->hist + (size_t)nt * job->nbuckets;
+    job->bucket_at = job->hist + job->nblocks * job->nbuckets;
 
+    atomic_store_explicit(&job->claim, 0, memory_order_relaxed);
     sbvi_run_phase(job, phase_pack);
     SBV_TICK("pack");
-    /* bucket-major, thread-minor offsets keep the scatter stable */
+    /* bucket-major, block-minor offsets keep the scatter stable (computed row by row: a
+     * column walk strides by a whole histogram) */
+    size_t *at = job->bucket_at, *row = job->hist;
+    const size_t nb = job->nbuckets;
+    memcpy(at, row, nb * sizeof *at);
+    for (size_t k = 1; k < job->nblocks; k++)
+        for (size_t b = 0; b < nb; b++) at[b] += row[k * nb + b];
     size_t sum = 0;
-    for (size_t b = 0; b < job->nbuckets; b++) {
-        job->bucket_at[b] = sum;
-        for (int t = 0; t < nt; t++) {
-            size_t *h = job->hist + (size_t)t * job->nbuckets + b;
-            size_t c = *h;
-            *h = sum;
-            sum += c;
-        }
+    for (size_t b = 0; b < nb; b++) {
+        const size_t c = at[b];
+        at[b] = sum;
+        sum += c;
     }
-    job->bucket_at[job->nbuckets] = sum;
+    at[nb] = sum;
+    /* each block's row becomes its write offsets: the bucket's start plus earlier blocks' counts */
+    size_t next[1 << SBV_TOP_BITS];
+    memcpy(next, at, nb * sizeof *at);
+    for (size_t k = 0; k < job->nblocks; k++)
+        for (size_t b = 0; b < nb; b++) {
+            const size_t c = row[k * nb + b];
+            row[k * nb + b] = next[b];
+            next[b] += c;
+        }
+    atomic_store_explicit(&job->claim, 0, memory_order_relaxed);
     sbvi_run_phase(job, phase_scatter);
     SBV_TICK("scatter");
-    /* contiguous bucket runs of about nf / nt items per thread */
+    /* contiguous bucket runs of about nf / nruns items each */
+    const size_t nr = job->nruns;
     job->bucket_range[0] = 0;
     size_t b = 0;
-    for (int t = 1; t < nt; t++) {
-        size_t target = nf * (size_t)t / (size_t)nt;
+    for (size_t r = 1; r < nr; r++) {
+        size_t target = nf * r / nr;
         while (b < job->nbuckets && job->bucket_at[b + 1] <= target) b++;
-        job->bucket_range[t] = b;
+        job->bucket_range[r] = b;
     }
-    job->bucket_range[nt] = job->nbuckets;
+    job->bucket_range[nr] = job->nbuckets;
+    atomic_store_explicit(&job->claim, 0, memory_order_relaxed);
     sbvi_run_phase(job, phase_sort);
     SBV_TICK("sort");
     size_t m = 0;
-    for (int t = 0; t < nt; t++) {
-        job->out_base[t] = m;
-        m += job->voxels[t];
+    for (size_t r = 0; r < nr; r++) {
+        job->out_base[r] = m;
+        m += job->voxels[r];
     }
+    atomic_store_explicit(&job->claim, 0, memory_order_relaxed);
     sbvi_run_phase(job, phase_reduce);
     SBV_TICK("reduce");
 #ifdef SBV_TIMING

@@ -20,12 +20,13 @@
 
 int sbv_abi_version(void) { return SBV_ABI_VERSION; }
 
-static void phase_bounds(job_t *job, int t) {
+/* Finite count and min/max of x, y, z over points [first, last) into block b's slots. */
+static void bounds_block(job_t *job, size_t b, size_t first, size_t last) {
     double lo[3] = {INFINITY, INFINITY, INFINITY}, hi[3] = {-INFINITY, -INFINITY, -INFINITY};
     size_t count = 0;
     const size_t stride = job->stride;
-    const unsigned char *rec = job->data + job->chunk[t] * stride;
-    const unsigned char *end = job->data + job->chunk[t + 1] * stride;
+    const unsigned char *rec = job->data + first * stride;
+    const unsigned char *end = job->data + last * stride;
     if (job->plan.xyz_f32) {
         /* four-byte loads: a 12-byte memcpy went through the stack and stalled (a branch-free
          * variant measured slower on lidar, and the NaN-holed organized frames mostly take
@@ -35,10 +36,10 @@ static void phase_bounds(job_t *job, int t) {
         const uint32_t xo = job->plan.x_off, yo = job->plan.y_off, zo = job->plan.z_off;
 #if SBV_SSE2
         /* four points at a time (sbvi_load4): dropped points' lanes become +-inf */
-        const size_t safe = sbvi_load16_points(job), hi4 = job->chunk[t + 1] < safe ? job->chunk[t + 1] : safe;
+        const size_t safe = sbvi_load16_points(job), hi4 = last < safe ? last : safe;
         const __m128 pinf = _mm_set1_ps(INFINITY), ninf = _mm_set1_ps(-INFINITY);
         __m128 LX = pinf, LY = pinf, LZ = pinf, HX = ninf, HY = ninf, HZ = ninf;
-        for (size_t i = job->chunk[t]; i + 4 <= hi4; i += 4, rec += 4 * stride) {
+        for (size_t i = first; i + 4 <= hi4; i += 4, rec += 4 * stride) {
             __m128 r[4], X, Y, Z;
             sbvi_load4(rec, stride, &job->plan, job->plan.xyz_packed, r, &X, &Y, &Z);
             const __m128 fin = sbvi_finite4(X, Y, Z);
@@ -99,22 +100,38 @@ static void phase_bounds(job_t *job, int t) {
             }
         }
     }
-    job->finite[t] = count;
-    memcpy(job->lo[t], lo, sizeof lo);
-    memcpy(job->hi[t], hi, sizeof hi);
+    job->finite[b] = count;
+    memcpy(job->lo[b], lo, sizeof lo);
+    memcpy(job->hi[b], hi, sizeof hi);
+}
+
+/* Blocks taken by whichever thread is free (a helper just woken starts late and slow). */
+static void phase_bounds(job_t *job, int t) {
+    (void)t;
+    for (size_t b; (b = sbvi_claim(job, job->nblocks)) != SIZE_MAX;)
+        bounds_block(job, b, sbvi_block_lo(job, b), sbvi_block_lo(job, b + 1));
 }
 
 /* ---- entry point ---- */
+
+/* Threads a call uses: as asked, at most one per SBV_MIN_POINTS_PER_THREAD points. */
+static int threads_for(size_t n, int threads) {
+    int nt = threads < 1 ? 1 : threads > SBV_MAX_THREADS ? SBV_MAX_THREADS : threads;
+    const size_t by_size = n / SBV_MIN_POINTS_PER_THREAD;
+    if ((size_t)nt > by_size) nt = by_size ? (int)by_size : 1;
+    return nt;
+}
 
 static int downsample(job_t *job, double voxel_size, int threads, size_t cap, size_t *out_points,
                       char *err, size_t err_len) {
     const sbv_cloud *in = job->in;
     const size_t n = in->points;
-    int nt = threads < 1 ? 1 : threads > SBV_MAX_THREADS ? SBV_MAX_THREADS : threads;
-    size_t by_size = n / SBV_MIN_POINTS_PER_THREAD;
-    if ((size_t)nt > by_size) nt = by_size ? (int)by_size : 1;
+    const int nt = threads_for(n, threads);
     job->nt = nt;
     for (int t = 0; t <= nt; t++) job->chunk[t] = n * (size_t)t / (size_t)nt;
+    job->split = nt > 1 ? SBV_SPLIT : 1;
+    job->nblocks = (size_t)nt * (size_t)job->split;
+    job->nruns = nt > 1 ? (size_t)nt * SBV_RUN_SPLIT : 1;
 
     /* One thread, float32 x/y/z, few voxels: the hash path needs no bounds pass first. */
     const size_t limit = sbv_hash_voxels_max(SIZE_MAX);
@@ -130,6 +147,7 @@ static int downsample(job_t *job, double voxel_size, int threads, size_t cap, si
          * With two threads, one hashing thread still beats two sorting ones when the table
          * stays in cache (measured 2-2.5x one sorting thread vs ~1.7x for two). */
         if (estimate <= limit / 2 && (nt == 1 || estimate <= SBV_HASH_DIRECT_VOXELS)) {
+            sbvi_team_hold(nt, 0); /* one thread hashes: the helper need not spin meanwhile */
             job->nt = 1;
             int rc = sbvi_run_hash(job, 1, estimate, cap, out_points, err, err_len);
             job->nt = nt;
@@ -139,16 +157,17 @@ static int downsample(job_t *job, double voxel_size, int threads, size_t cap, si
 #ifdef SBV_TIMING
     double sbv_t0 = sbv_now();
 #endif
+    atomic_store_explicit(&job->claim, 0, memory_order_relaxed);
     sbvi_run_phase(job, phase_bounds);
     SBV_TICK("bounds");
     size_t nf = 0;
     double lo[3] = {INFINITY, INFINITY, INFINITY}, hi[3] = {-INFINITY, -INFINITY, -INFINITY};
-    for (int t = 0; t < nt; t++) {
-        job->finite_base[t] = nf;
-        nf += job->finite[t];
+    for (size_t b = 0; b < job->nblocks; b++) {
+        job->finite_base[b] = nf;
+        nf += job->finite[b];
         for (int a = 0; a < 3; a++) {
-            lo[a] = job->lo[t][a] < lo[a] ? job->lo[t][a] : lo[a];
-            hi[a] = job->hi[t][a] > hi[a] ? job->hi[t][a] : hi[a];
+            lo[a] = job->lo[b][a] < lo[a] ? job->lo[b][a] : lo[a];
+            hi[a] = job->hi[b][a] > hi[a] ? job->hi[b][a] : hi[a];
         }
     }
     *out_points = 0;
@@ -212,7 +231,11 @@ int sbv_downsample_cpu(const sbv_cloud *in, double voxel_size, int threads, void
         job->data = (const unsigned char *)in->data;
         job->stride = in->stride;
         job->out = (unsigned char *)out;
+        /* helpers woken now are awake when the first phase starts (after the estimate) */
+        const int held = threads_for(in->points, threads);
+        sbvi_team_hold(held, 1);
         rc = downsample(job, voxel_size, threads, out_capacity, out_points, err, err_len);
+        sbvi_team_hold(held, 0);
     }
     return rc;
 }
