@@ -143,24 +143,6 @@ static inline __attribute__((always_inline)) int stage_voxels(sbvi_hstate *hs, s
  * live in registers until the voxel changes; integer fields (colour channels) add up in
  * registers too (exact, so grouping does not matter); float fields are added to the row in
  * memory, in input order. */
-/* Store a voxel's running sums (kept in registers along a run of points in one voxel) back
- * into its row; the colour channels are added and their counters reset. */
-static inline __attribute__((always_inline)) void flush_row(sbv_acc *row, double sx, double sy,
-                                                            double sz, int64_t cnt, int color,
-                                                            int64_t *c0, int64_t *c1, int64_t *c2,
-                                                            int64_t *c3) {
-    row[0].d = sx;
-    row[1].d = sy;
-    row[2].d = sz;
-    row[3].i = cnt;
-    if (color) {
-        row[4].i += *c0;
-        row[5].i += *c1;
-        row[6].i += *c2;
-        row[7].i += *c3;
-        *c0 = *c1 = *c2 = *c3 = 0;
-    }
-}
 
 static inline __attribute__((always_inline)) int accumulate(job_t *job, sbvi_hstate *hs, const int fast,
                                                              const int fm) {
@@ -199,7 +181,7 @@ static inline __attribute__((always_inline)) int accumulate(job_t *job, sbvi_hst
         for (size_t j = 0; j < hi - lo; j++, rec += stride) {
             const uint32_t vid = vb[j];
             if (vid != cur) {
-                flush_row(row, sx, sy, sz, cnt, fm == F_COLOR, &c0, &c1, &c2, &c3);
+                sbvi_flush_row(row, sx, sy, sz, cnt, fm == F_COLOR, &c0, &c1, &c2, &c3);
                 row = hs->rows + (size_t)vid * hs->w;
                 cur = vid;
                 sx = row[0].d;
@@ -235,7 +217,7 @@ static inline __attribute__((always_inline)) int accumulate(job_t *job, sbvi_hst
             }
         }
     }
-    flush_row(row, sx, sy, sz, cnt, fm == F_COLOR, &c0, &c1, &c2, &c3);
+    sbvi_flush_row(row, sx, sy, sz, cnt, fm == F_COLOR, &c0, &c1, &c2, &c3);
     return SBV_OK;
 }
 

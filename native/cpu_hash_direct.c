@@ -163,22 +163,6 @@ int sbvi_accumulate_direct(job_t *job, sbvi_hstate *hs, int fm) {
 #define FB SBVI_FB
 #define FBIAS SBVI_FBIAS
 
-static inline __attribute__((always_inline)) void flush_row(sbv_acc *row, double sx, double sy,
-                                                            double sz, int64_t cnt, int color,
-                                                            int64_t *c0, int64_t *c1, int64_t *c2,
-                                                            int64_t *c3) {
-    row[0].d = sx;
-    row[1].d = sy;
-    row[2].d = sz;
-    row[3].i = cnt;
-    if (color) {
-        row[4].i += *c0;
-        row[5].i += *c1;
-        row[6].i += *c2;
-        row[7].i += *c3;
-        *c0 = *c1 = *c2 = *c3 = 0;
-    }
-}
 
 typedef float v4f __attribute__((vector_size(16)));
 typedef int32_t v4i __attribute__((vector_size(16)));
@@ -242,7 +226,7 @@ static inline __attribute__((always_inline)) int accumulate_portable(job_t *job,
         memcpy(&y, (REC) + yo, 4);                                                        \
         memcpy(&z, (REC) + zo, 4);                                                        \
         if (KEY != cur) {                                                                 \
-            flush_row(row, sx, sy, sz, cnt, fm == SBVI_F_COLOR, &c0, &c1, &c2, &c3);           \
+            sbvi_flush_row(row, sx, sy, sz, cnt, fm == SBVI_F_COLOR, &c0, &c1, &c2, &c3);           \
             if (KEY == EMPTY_KEY) {                                                       \
                 row = spare;                                                              \
             } else {                                                                      \
@@ -297,7 +281,7 @@ static inline __attribute__((always_inline)) int accumulate_portable(job_t *job,
         POINT(i, rec, key);
     }
 #undef POINT
-    flush_row(row, sx, sy, sz, cnt, fm == SBVI_F_COLOR, &c0, &c1, &c2, &c3);
+    sbvi_flush_row(row, sx, sy, sz, cnt, fm == SBVI_F_COLOR, &c0, &c1, &c2, &c3);
     return (out[0] | out[1] | out[2] | out[3]) ? SBVI_HASH_FULL : SBV_OK;
 }
 

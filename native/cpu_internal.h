@@ -226,6 +226,25 @@ static inline __m128 sbvi_finite4(__m128 X, __m128 Y, __m128 Z) {
 }
 #endif
 
+/* Store a voxel's running sums (kept in registers along a run of points in one voxel) back
+ * into its row; the colour channels are added and their counters reset. */
+static inline __attribute__((always_inline)) void sbvi_flush_row(sbv_acc *row, double sx, double sy,
+                                                                 double sz, int64_t cnt, int color,
+                                                                 int64_t *c0, int64_t *c1,
+                                                                 int64_t *c2, int64_t *c3) {
+    row[0].d = sx;
+    row[1].d = sy;
+    row[2].d = sz;
+    row[3].i = cnt;
+    if (color) {
+        row[4].i += *c0;
+        row[5].i += *c1;
+        row[6].i += *c2;
+        row[7].i += *c3;
+        *c0 = *c1 = *c2 = *c3 = 0;
+    }
+}
+
 /* Add one field of one record to its slot(s) of a voxel's sums. */
 static inline void sbvi_add_field(const sbv_field fd, const unsigned char *rec, sbv_acc *s) {
     const unsigned char *q = rec + fd.offset;
