@@ -126,14 +126,14 @@ def _encode_field(
     """(mode, palette size, uncompressed block) of one non-coordinate field."""
     if attr_step > 0 and ftype in (FieldType.FLOAT32, FieldType.FLOAT64):
         q = _quantize(column.astype(np.float64), attr_step, name)
-        return _STEPPED, 0, _to_planes(_zigzag_delta(q), 4)
+        return _STEPPED, 0, predictive.to_planes(_zigzag_delta(q), 4)
     raw = np.ascontiguousarray(column).view(f"<u{ftype.size}")
     if ftype.size > 1 and len(raw) and len(np.unique(raw[:_PROBE])) <= _PALETTE_MAX:
         values, index = np.unique(raw, return_inverse=True)
         if len(values) <= _PALETTE_MAX:
             steps = np.diff(index.astype(np.uint8), prepend=np.uint8(0))
             return _PALETTE, len(values), values.tobytes() + steps.tobytes()
-    return _RAW, 0, _to_planes(raw, ftype.size)
+    return _RAW, 0, predictive.to_planes(raw, ftype.size)
 
 
 def _quantize(values: npt.NDArray[np.float64], step: float, name: str) -> npt.NDArray[np.int64]:
@@ -153,13 +153,6 @@ def _zigzag_delta(q: npt.NDArray[np.int64]) -> npt.NDArray[np.uint32]:
 def _planes(raw: npt.NDArray[np.uint8], width: int) -> bytes:
     """Byte k of every ``width``-byte item, for k = 0 .. width-1."""
     return raw.reshape(-1, width).T.tobytes()
-
-
-def _to_planes(values: npt.NDArray[np.unsignedinteger[Any]], width: int) -> bytes:
-    """The byte planes of little-endian unsigned ``values`` (shifts, no transpose)."""
-    if width == 1:
-        return values.tobytes()
-    return b"".join((values >> np.uint8(8 * k)).astype(np.uint8).tobytes() for k in range(width))
 
 
 def _others(layout: CloudLayout) -> list[tuple[str, int, FieldType]]:
@@ -258,7 +251,7 @@ def _decode_quantized(data: bytes, layout: CloudLayout, max_points: int, max_byt
                 raise CodecError(f"field {name!r}: palette index beyond its {count} values")
             out[name] = values[index].view(ftype.dtype)
         else:
-            out[name] = _from_planes(block, n, ftype.size).view(ftype.dtype)
+            out[name] = predictive.from_planes(block, n, ftype.size).view(ftype.dtype)
     return out.tobytes()
 
 
@@ -273,17 +266,6 @@ def _field_bytes(mode: int, count: int, ftype: FieldType, n: int) -> int:
     raise CodecError(f"quantized field descriptor ({mode}, {count}) is invalid for {ftype.name}")
 
 
-def _from_planes(planes: npt.NDArray[np.uint8], n: int, width: int) -> npt.NDArray[np.uint64]:
-    """Little-endian ``width``-byte integers from their byte planes (shifts, no transpose),
-    in the unsigned type of that width."""
-    utype = np.dtype(f"<u{width}")
-    rows = planes.reshape(width, n)
-    acc: npt.NDArray[np.uint64] = rows[0].astype(utype)
-    for k in range(1, width):
-        acc |= rows[k].astype(utype) << np.uint8(8 * k)
-    return acc
-
-
 def _undelta(planes: npt.NDArray[np.uint8], n: int) -> npt.NDArray[np.float64]:
-    z = _from_planes(planes, n, 4).astype(np.int64)
+    z = predictive.from_planes(planes, n, 4).astype(np.int64)
     return np.cumsum((z >> 1) ^ -(z & 1)).astype(np.float64)

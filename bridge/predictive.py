@@ -56,7 +56,7 @@ def encode(axes: Ints, levels: int) -> bytes:
     for a in range(3):
         base = axes[a, ::stride].astype(np.int64)
         second = np.diff(base, n=2, prepend=np.zeros(2, np.int64))
-        parts.append(_planes(_zigzag(second), 8))
+        parts.append(to_planes(_zigzag(second), 8))
     for h in _halves(levels):
         p = _midpoint(axes, h)
         if not p.shape[1]:
@@ -64,9 +64,9 @@ def encode(axes: Ints, levels: int) -> bytes:
         pos, ps = _slots(p)
         v = np.ascontiguousarray(axes[:, h :: 2 * h]).ravel()
         major = v[pos[0]].astype(np.int64) - ps[0]
-        parts.append(_planes(_zigzag(major).astype(np.uint32), 4))
+        parts.append(to_planes(_zigzag(major).astype(np.uint32), 4))
         for pk, minor in zip(pos[1:], _along_ray(ps, major), strict=True):
-            parts.append(_planes(_zigzag(v[pk] - minor).astype(np.uint32), 4))
+            parts.append(to_planes(_zigzag(v[pk] - minor).astype(np.uint32), 4))
     return b"".join(parts)
 
 
@@ -78,7 +78,7 @@ def decode(block: npt.NDArray[np.uint8], n: int, levels: int) -> I32:
     axes = np.empty((3, n), np.int32)
     at = 0
     for a in range(3):
-        second = _unzigzag(_from_planes(block[at : at + 8 * nb], nb, 8))
+        second = _unzigzag(from_planes(block[at : at + 8 * nb], nb, 8))
         at += 8 * nb
         axes[a, ::stride] = np.cumsum(np.cumsum(second))
     for h in _halves(levels):
@@ -88,7 +88,7 @@ def decode(block: npt.NDArray[np.uint8], n: int, levels: int) -> I32:
             continue
         slots = []
         for _ in range(3):
-            slots.append(_unzigzag(_from_planes(block[at : at + 4 * k], k, 4)))
+            slots.append(_unzigzag(from_planes(block[at : at + 4 * k], k, 4)))
             at += 4 * k
         pos, ps = _slots(p)
         out = np.empty((3, k), np.int32)
@@ -163,11 +163,16 @@ def _unzigzag(z: npt.NDArray[np.uint64]) -> I64:
     return (u >> one).view(np.int64) ^ -((u & one).view(np.int64))
 
 
-def _planes(values: npt.NDArray[np.unsignedinteger[Any]], width: int) -> bytes:
+def to_planes(values: npt.NDArray[np.unsignedinteger[Any]], width: int) -> bytes:
+    """The byte planes of little-endian unsigned ``values`` (shifts, no transpose)."""
+    if width == 1:
+        return values.tobytes()
     return b"".join((values >> np.uint8(8 * k)).astype(np.uint8).tobytes() for k in range(width))
 
 
-def _from_planes(planes: npt.NDArray[np.uint8], n: int, width: int) -> npt.NDArray[np.uint64]:
+def from_planes(planes: npt.NDArray[np.uint8], n: int, width: int) -> npt.NDArray[np.uint64]:
+    """Little-endian ``width``-byte integers from their byte planes (shifts, no transpose),
+    in the unsigned type of that width."""
     utype = np.dtype(f"<u{width}")
     rows = planes.reshape(width, n)
     acc: npt.NDArray[np.uint64] = rows[0].astype(utype)
