@@ -186,14 +186,25 @@ class Admission:
         state: dict[str, bool],
         points: memoryview | None,
     ) -> None:
-        space = self._edges.space_event((self._session.device_id, frame.stream_id))
+        await self._until(
+            frame.stream_id,
+            lambda: self._offer(frame, size, charge, state, points) is not Offer.FULL,
+        )
+
+    async def _until(self, stream_id: str, done: Callable[[], bool]) -> bool:
+        """Check ``done`` each time the stream's ring frees space, until it holds (True) or the
+        bridge drains (False). The event is cleared before each check: a wake-up between the
+        check and the wait is not lost."""
+        if done():
+            return True
+        space = self._edges.space_event((self._session.device_id, stream_id))
         while True:
-            space.clear()  # cleared before the offer: a wake-up after it is not lost
-            if self._offer(frame, size, charge, state, points) is not Offer.FULL:
-                return
+            space.clear()
+            if done():
+                return True
             await space.wait()
             if self._edges.draining:
-                return
+                return False
 
     # -- flow control ------------------------------------------------------------------------
     async def _pause(self, stream_id: str) -> None:
@@ -234,13 +245,6 @@ class Admission:
 
     async def _until_resume_ready(self, stream_id: str, size: int) -> bool:
         """Wait until the paused stream's ring is down to its low watermark (False: draining)."""
-        core, session = self._core, self._session
-        while not core.resume_ready(session, stream_id, size):
-            space = self._edges.space_event((session.device_id, stream_id))
-            space.clear()
-            if core.resume_ready(session, stream_id, size):
-                break
-            await space.wait()
-            if self._edges.draining:
-                return False
-        return True
+        return await self._until(
+            stream_id, lambda: self._core.resume_ready(self._session, stream_id, size)
+        )

@@ -337,7 +337,9 @@ class EdgeConnection:
         """Read and admit until the peer is done; a cloud still decoding is admitted first
         (or dropped, unacknowledged, when the connection fails)."""
         assert self._uplink is not None
-        self._decoder = decoder = OffLoopDecoder(self._uplink, self._admit, self._refuse_frame)
+        assert self._admission is not None
+        admit = self._admission.admit
+        self._decoder = decoder = OffLoopDecoder(self._uplink, admit, self._refuse_frame)
         try:
             await self._read_messages()
         except BaseException:
@@ -454,12 +456,6 @@ class EdgeConnection:
         """Reading stopped (or resumed) for a memory grant: session-wide flow control."""
         if self._admission is not None:
             self._admission.on_grant_wait(waiting)
-
-    async def _admit(
-        self, frame: pb.Frame, size: int, charge: Charge, points: memoryview | None = None
-    ) -> None:
-        assert self._admission is not None
-        await self._admission.admit(frame, size, charge, points)
 
     async def _refuse(
         self, exc: ProtocolError, *, fatal: bool, frame: pb.Frame | None = None
