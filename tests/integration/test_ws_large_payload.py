@@ -1,0 +1,72 @@
+"""A large WebSocket payload reaches the ``websockets`` parser in one piece, whatever the reads.
+
+Why it matters: the parser keeps unread bytes in a bytearray grown by reallocation, so a 1 MB frame
+handed over read by read (at most 256 KiB each) was copied several times before the bridge saw it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.protocol import Protocol, Side
+
+from bridge.ports import Received
+from bridge.v1 import bridge_pb2 as pb
+from bridge.ws_impl import WsTransport
+from tests.integration.harness import cloud_frame, hello, running_bridge, wait_until, ws_url
+
+POINTS = 100_000  # 1.2 MB of x, y, z
+
+
+@pytest.fixture
+def received(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
+    """The messages the bridge's WebSocket transport handed to ingest."""
+    messages: list[bytes] = []
+    original = WsTransport.recv
+
+    async def spy(self: WsTransport) -> Received | None:
+        got = await original(self)
+        if got is not None:
+            messages.append(bytes(got.data))
+        return got
+
+    monkeypatch.setattr(WsTransport, "recv", spy)
+    yield messages
+
+
+@pytest.fixture
+def server_pieces(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Sizes of the byte strings the bridge's server-side parsers were fed."""
+    sizes: list[int] = []
+    original = Protocol.receive_data
+
+    def spy(self: Protocol, data: Any) -> None:
+        if self.side is Side.SERVER:
+            sizes.append(len(data))
+        original(self, data)
+
+    monkeypatch.setattr(Protocol, "receive_data", spy)
+    yield sizes
+
+
+async def test_large_frames_are_parsed_in_one_piece_and_stay_intact(
+    server_pieces: list[int], received: list[bytes]
+) -> None:
+    frames = [cloud_frame("lidar", seq, n=POINTS) for seq in (1, 2)] + [cloud_frame("lidar", 3)]
+    wire = [pb.EdgeMessage(frame=f).SerializeToString() for f in frames]
+    async with (
+        running_bridge() as bridge,
+        connect(ws_url(bridge), max_size=None, compression=None) as ws,
+    ):
+        await ws.send(hello("dev", "lidar").SerializeToString())
+        welcome = pb.BridgeMessage.FromString(await ws.recv(decode=False))
+        assert welcome.WhichOneof("kind") == "welcome"
+        for message in wire:  # back to back: a read ends one frame and starts the next
+            await ws.send(message)
+        assert await wait_until(lambda: len(received) == 4, timeout=20)
+    assert received[1:] == wire  # what ingest got is what was sent, byte for byte
+    big = [n for n in server_pieces if n >= len(frames[0].point_cloud.data)]
+    assert len(big) == 2, f"large payloads reached the parser in pieces: {server_pieces}"
