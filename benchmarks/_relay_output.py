@@ -173,6 +173,14 @@ def report_footer(results: list[CellResult]) -> str:
             f"note: the load side (bench) used >= {SATURATED:.0f}% of a core in {len(capped)} raw "
             "cell(s): there the raw rate is a lower bound and the ratio an upper bound"
         )
+    loaded = [r for r in results if not r.target.startswith("raw") and r.bench_cpu_pct >= SATURATED]
+    if loaded:
+        cells = ", ".join(f"{r.target} {r.size} x{r.conns}" for r in loaded)
+        lines.append(
+            f"note: the load side (bench) used >= {SATURATED:.0f}% of a core in bridge cell(s) "
+            f"{cells}: the clients and sink set that rate, the bridge's own capacity is higher "
+            "(its ratio is a lower bound; compare CPU per message)"
+        )
     busy = [r for r in results if r.other_cpu_pct >= BUSY_MACHINE]
     if busy:
         lines.append(
