@@ -70,3 +70,23 @@ async def test_large_frames_are_parsed_in_one_piece_and_stay_intact(
     assert received[1:] == wire  # what ingest got is what was sent, byte for byte
     big = [n for n in server_pieces if n >= len(frames[0].point_cloud.data)]
     assert len(big) == 2, f"large payloads reached the parser in pieces: {server_pieces}"
+
+
+async def test_a_fragmented_large_message_arrives_whole(
+    server_pieces: list[int], received: list[bytes]
+) -> None:
+    """Each large fragment is collected on its own; websockets joins the fragments."""
+    message = pb.EdgeMessage(frame=cloud_frame("lidar", 1, n=POINTS)).SerializeToString()
+    third = len(message) // 3
+    fragments = [message[:third], message[third : 2 * third], message[2 * third :]]
+    async with (
+        running_bridge() as bridge,
+        connect(ws_url(bridge), max_size=None, compression=None) as ws,
+    ):
+        await ws.send(hello("dev", "lidar").SerializeToString())
+        await ws.recv(decode=False)
+        await ws.send(fragments)  # one message in three frames
+        await ws.send(pb.EdgeMessage(frame=cloud_frame("lidar", 2)).SerializeToString())
+        assert await wait_until(lambda: len(received) == 3, timeout=20)
+    assert received[1] == message
+    assert sum(1 for n in server_pieces if n >= third) == 3
