@@ -34,6 +34,10 @@
 #define SBV_TOP_BITS 11
 #define SBV_SMALL_BUCKET 48
 #define SBV_PREFETCH 24
+/* Sorted path: bits of a run-length item's length field (runs of up to 2^SBV_RUN_BITS points) */
+#ifndef SBV_RUN_BITS
+#define SBV_RUN_BITS 4
+#endif
 /* Several threads: the cloud is bounded, packed and scattered in SBV_SPLIT blocks per thread,
  * the buckets sorted and reduced in SBV_RUN_SPLIT runs per thread, and threads claim blocks
  * and runs as they finish. The cost per item is uneven (a lidar sweep's upward beams scatter
@@ -98,7 +102,8 @@ struct job {
     size_t finite_base[SBV_MAX_PARTS];
     /* key packing */
     int64_t kmin[3];
-    int by, bz, ib, kb, top_bits, top_shift;
+    int by, bz, ib, kb, top_bits, top_shift; /* ib: bits below the key (index, then lb) */
+    int lb; /* sorted path: run-length bits under the index (0: one item per point) */
     int keys_i32; /* sorted path: float32 keys that fit int32 (vector key computation) */
     uint64_t idx_mask;
     size_t nbuckets;
