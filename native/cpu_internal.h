@@ -38,6 +38,10 @@
 #ifndef SBV_RUN_BITS
 #define SBV_RUN_BITS 4
 #endif
+/* ...taken when a sample's points per run, times 16, reach this (24: 1.5 points a run) */
+#ifndef SBV_RUN_MIN_X16
+#define SBV_RUN_MIN_X16 24
+#endif
 /* Several threads: the cloud is bounded, packed and scattered in SBV_SPLIT blocks per thread,
  * the buckets sorted and reduced in SBV_RUN_SPLIT runs per thread, and threads claim blocks
  * and runs as they finish. The cost per item is uneven (a lidar sweep's upward beams scatter

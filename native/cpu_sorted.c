@@ -80,7 +80,7 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
         uint32_t *sw_ = ha;                                                                       \
         ha = hb;                                                                                  \
         hb = sw_;                                                                                 \
-        cur = start_ ? x_ : cur + 1;                                                              \
+        cur = ((cur + 1) & (start_ - 1)) | (x_ & (0 - start_));                                   \
     } while (0)
 #define ONE(I, REC)                                                                               \
     do {                                                                                          \
@@ -142,10 +142,42 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
         const __m128i i01 = ITEMS(_mm_unpacklo_epi32, i), i23 = ITEMS(_mm_unpackhi_epi32, i + 2);
 #undef ITEMS
         if (rle) {
-            RUN((uint64_t)_mm_cvtsi128_si64(i01), i);
-            RUN((uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(i01, i01)), i + 1);
-            RUN((uint64_t)_mm_cvtsi128_si64(i23), i + 2);
-            RUN((uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(i23, i23)), i + 3);
+            /* lanes that start a run: key unlike the lane before (lanes 1-3 compared in the
+             * vectors, lane 0 against the previous point) or an index that is a multiple of
+             * 2^lb; a group of four starts (shuffled or sparse clouds) is stored whole */
+            const __m128i eq = _mm_and_si128(_mm_and_si128(_mm_cmpeq_epi32(ux, _mm_slli_si128(ux, 4)),
+                                                           _mm_cmpeq_epi32(uy, _mm_slli_si128(uy, 4))),
+                                             _mm_cmpeq_epi32(uz, _mm_slli_si128(uz, 4)));
+            const uint64_t x0 = (uint64_t)_mm_cvtsi128_si64(i01);
+            const uint64_t x3 = (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(i23, i23));
+            const unsigned cont = ((unsigned)_mm_movemask_ps(_mm_castsi128_ps(eq)) & 14u) |
+                                  (unsigned)(((x0 ^ prev) >> ib) == 0);
+            const unsigned starts = (~cont | (1u << ((0 - i) & lm))) & 15u;
+            prev = x3;
+            if (starts == 15) {
+                *dst = cur;
+                _mm_storeu_si128((__m128i *)(void *)(dst + 1), i01);
+                _mm_storeu_si128((__m128i *)(void *)(dst + 3), i23);
+                ha[shr(dst[1], top_shift)]++;
+                hb[shr(dst[2], top_shift)]++;
+                ha[shr(dst[3], top_shift)]++;
+                hb[shr(dst[4], top_shift)]++;
+                dst += 4; /* lane 3's run stays open */
+                cur = x3;
+                continue;
+            }
+            const uint64_t xs[4] = {x0, (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(i01, i01)),
+                                    (uint64_t)_mm_cvtsi128_si64(i23), x3};
+            for (int j = 0; j < 4; j++) {
+                const uint64_t st = (starts >> j) & 1u;
+                *dst = cur;
+                dst += st;
+                ha[shr(xs[j], top_shift)] += (uint32_t)st;
+                uint32_t *sw = ha;
+                ha = hb;
+                hb = sw;
+                cur = ((cur + 1) & (st - 1)) | (xs[j] & (0 - st)); /* no branch: runs are short */
+            }
         } else {
             _mm_storeu_si128((__m128i *)(void *)dst, i01);
             _mm_storeu_si128((__m128i *)(void *)(dst + 2), i23);
@@ -360,18 +392,16 @@ static void phase_sort(job_t *job, int t) {
 
 static void reduce_run(job_t *job, size_t r) {
     const sbv_cloud *in = job->in;
-    const int ib = job->ib, lb = job->lb;
+    const int ib = job->ib;
     unsigned char *out = job->out + job->out_base[r] * job->stride;
     size_t s = job->bucket_at[job->bucket_range[r]];
     const size_t end = job->bucket_at[job->bucket_range[r + 1]];
     const uint64_t *a = job->tmp;
-    const uint64_t mask = job->idx_mask, lm = ((uint64_t)1 << lb) - 1;
+    const uint64_t mask = job->idx_mask;
     const unsigned char *data = job->data;
     const size_t stride = job->stride;
     /* Records are gathered in key order, i.e. from scattered input positions: prefetch a
-     * few dozen items ahead so the cache misses overlap instead of queueing. An item is a run
-     * of (item & lm) + 1 consecutive records from index (item & mask) >> lb (one record when
-     * lb is 0). */
+     * few dozen ahead so the cache misses overlap instead of queueing. */
     size_t pf = s;
     /* the common lidar layout (float32 x, y, z and nothing else to average): no field loop */
     const int xyz_only = job->plan.xyz_packed && in->n_fields == 3;
@@ -387,30 +417,23 @@ static void reduce_run(job_t *job, size_t r) {
         while (e < end && shr(a[e], ib) == key) e++;
         const size_t pf_end = e + SBV_PREFETCH < end ? e + SBV_PREFETCH : end;
         for (; pf < pf_end; pf++) {
-            const unsigned char *rec = data + ((a[pf] & mask) >> lb) * stride;
+            const unsigned char *rec = data + (a[pf] & mask) * stride;
             __builtin_prefetch(rec);
-            __builtin_prefetch(rec + ((a[pf] & lm) + 1) * stride - 1);
+            __builtin_prefetch(rec + stride - 1);
         }
-        size_t count = 0;
         if (xyz_only) {
             double sx = 0.0, sy = 0.0, sz = 0.0;
             for (size_t j = s; j < e; j++) {
-                const unsigned char *rec = data + ((a[j] & mask) >> lb) * stride + x_off;
-                const size_t len = (size_t)(a[j] & lm) + 1;
-                const unsigned char *last = rec + (len - 1) * stride;
-                count += len;
-                for (;; rec += stride) {
-                    float x, y, z; /* 4-byte loads: a 12-byte memcpy stalls through the stack */
-                    memcpy(&x, rec, 4);
-                    memcpy(&y, rec + 4, 4);
-                    memcpy(&z, rec + 8, 4);
-                    sx += (double)x;
-                    sy += (double)y;
-                    sz += (double)z;
-                    if (rec == last) break;
-                }
+                const unsigned char *rec = data + (a[j] & mask) * stride + x_off;
+                float x, y, z; /* 4-byte loads: a 12-byte memcpy stalls through the stack */
+                memcpy(&x, rec, 4);
+                memcpy(&y, rec + 4, 4);
+                memcpy(&z, rec + 8, 4);
+                sx += (double)x;
+                sy += (double)y;
+                sz += (double)z;
             }
-            const double c = (double)count;
+            const double c = (double)(e - s);
             float m[3] = {(float)(sx / c), (float)(sy / c), (float)(sz / c)};
             memset(out, 0, stride);
             memcpy(out + x_off, m, 12);
@@ -419,31 +442,25 @@ static void reduce_run(job_t *job, size_t r) {
             double sx = 0.0, sy = 0.0, sz = 0.0;
             int64_t c[4] = {0, 0, 0, 0};
             for (size_t j = s; j < e; j++) {
-                const unsigned char *rec = data + ((a[j] & mask) >> lb) * stride;
-                const size_t len = (size_t)(a[j] & lm) + 1;
-                const unsigned char *last = rec + (len - 1) * stride;
-                count += len;
-                for (;; rec += stride) {
-                    float x, y, z;
-                    memcpy(&x, rec + pl->x_off, 4);
-                    memcpy(&y, rec + pl->y_off, 4);
-                    memcpy(&z, rec + pl->z_off, 4);
-                    sx += (double)x;
-                    sy += (double)y;
-                    sz += (double)z;
-                    c[0] += rec[col_off];
-                    c[1] += rec[col_off + 1];
-                    c[2] += rec[col_off + 2];
-                    c[3] += rec[col_off + 3];
-                    if (rec == last) break;
-                }
+                const unsigned char *rec = data + (a[j] & mask) * stride;
+                float x, y, z;
+                memcpy(&x, rec + pl->x_off, 4);
+                memcpy(&y, rec + pl->y_off, 4);
+                memcpy(&z, rec + pl->z_off, 4);
+                sx += (double)x;
+                sy += (double)y;
+                sz += (double)z;
+                c[0] += rec[col_off];
+                c[1] += rec[col_off + 1];
+                c[2] += rec[col_off + 2];
+                c[3] += rec[col_off + 3];
             }
             memset(out, 0, stride);
-            sbv_store_float(out + pl->x_off, SBV_FLOAT32, sx, count);
-            sbv_store_float(out + pl->y_off, SBV_FLOAT32, sy, count);
-            sbv_store_float(out + pl->z_off, SBV_FLOAT32, sz, count);
-            sbv_store_color(out + col_off, c, count);
-        } else { /* lb is 0 here (sbvi_run_sorted) */
+            sbv_store_float(out + pl->x_off, SBV_FLOAT32, sx, e - s);
+            sbv_store_float(out + pl->y_off, SBV_FLOAT32, sy, e - s);
+            sbv_store_float(out + pl->z_off, SBV_FLOAT32, sz, e - s);
+            sbv_store_color(out + col_off, c, e - s);
+        } else {
             sbv_reduce_voxel(data, stride, in->fields, in->n_fields, a + s, e - s, mask, out);
         }
         out += stride;
@@ -451,9 +468,112 @@ static void reduce_run(job_t *job, size_t r) {
     }
 }
 
+/* reduce_run for run-length items (job->lb > 0; float32 x, y, z, alone or with one colour).
+ * A run is read two records a step with no branch for the second (its pointer stays on the
+ * first and its values are multiplied by 0 when the run has one point): runs of one or two
+ * points (75-93 % of them on the radix-path clouds) then cost no mispredicted loop exit.
+ * Adding that +-0 leaves a sum's bits unchanged (a sum that starts at +0 is never -0), so
+ * the sums are still exactly the per-point ones in input order. */
+/* reduce_run for run-length items (job->lb > 0; float32 x, y, z, alone or with one colour):
+ * an item is (item & lm) + 1 consecutive records from index (item & mask) >> lb, summed in
+ * that order, and a voxel's items are in index order, so every sum is the per-point one. */
+static void reduce_run_rle(job_t *job, size_t r) {
+    const sbv_cloud *in = job->in;
+    const int ib = job->ib, lb = job->lb;
+    unsigned char *out = job->out + job->out_base[r] * job->stride;
+    size_t s = job->bucket_at[job->bucket_range[r]];
+    const size_t end = job->bucket_at[job->bucket_range[r + 1]];
+    const uint64_t *a = job->tmp;
+    const uint64_t mask = job->idx_mask, lm = ((uint64_t)1 << lb) - 1;
+    const unsigned char *data = job->data;
+    const size_t stride = job->stride;
+    const sbv_plan *pl = &job->plan;
+    const int xyz_only = in->n_fields == 3;
+    uint32_t col_off = 0;
+    for (size_t f = 0; f < in->n_fields; f++)
+        if (in->fields[f].role == SBV_ROLE_COLOR) col_off = in->fields[f].offset;
+    size_t pf = s; /* prefetch: first and last record of the runs a few dozen items ahead */
+    while (s < end) {
+        const uint64_t key = shr(a[s], ib);
+        size_t e = s + 1;
+        while (e < end && shr(a[e], ib) == key) e++;
+        const size_t pf_end = e + SBV_PREFETCH < end ? e + SBV_PREFETCH : end;
+        for (; pf < pf_end; pf++) {
+            const unsigned char *rec = data + ((a[pf] & mask) >> lb) * stride;
+            __builtin_prefetch(rec);
+            __builtin_prefetch(rec + ((a[pf] & lm) + 1) * stride - 1);
+        }
+        double sx = 0.0, sy = 0.0, sz = 0.0;
+        int64_t c[4] = {0, 0, 0, 0};
+        size_t count = 0;
+        for (size_t j = s; j < e; j++) {
+            const unsigned char *rec = data + ((a[j] & mask) >> lb) * stride;
+            const size_t len = (size_t)(a[j] & lm) + 1;
+            const unsigned char *last = rec + (len - 1) * stride;
+            count += len;
+            for (;; rec += stride) {
+                float x, y, z; /* 4-byte loads: a 12-byte memcpy stalls through the stack */
+                memcpy(&x, rec + pl->x_off, 4);
+                memcpy(&y, rec + pl->y_off, 4);
+                memcpy(&z, rec + pl->z_off, 4);
+                sx += (double)x;
+                sy += (double)y;
+                sz += (double)z;
+                if (!xyz_only) {
+                    c[0] += rec[col_off];
+                    c[1] += rec[col_off + 1];
+                    c[2] += rec[col_off + 2];
+                    c[3] += rec[col_off + 3];
+                }
+                if (rec == last) break;
+            }
+        }
+        memset(out, 0, stride);
+        sbv_store_float(out + pl->x_off, SBV_FLOAT32, sx, count);
+        sbv_store_float(out + pl->y_off, SBV_FLOAT32, sy, count);
+        sbv_store_float(out + pl->z_off, SBV_FLOAT32, sz, count);
+        if (!xyz_only) sbv_store_color(out + col_off, c, count);
+        out += stride;
+        s = e;
+    }
+}
+
 static void phase_reduce(job_t *job, int t) {
     (void)t;
-    for (size_t r; (r = sbvi_claim(job, job->nruns)) != SIZE_MAX;) reduce_run(job, r);
+    for (size_t r; (r = sbvi_claim(job, job->nruns)) != SIZE_MAX;) {
+        if (job->lb)
+            reduce_run_rle(job, r);
+        else
+            reduce_run(job, r);
+    }
+}
+
+/* Points per run of equal keys, times 16: from 64 windows of 32 consecutive points spread
+ * over the cloud (a dropped point ends a run). Lidar sweeps and depth frames at fine voxels:
+ * ~1.4-2 points a run; shuffled or sparse clouds: ~1. */
+static size_t run_length_x16(const job_t *job) {
+    enum { WINDOWS = 64, WIDTH = 32 };
+    const size_t n = job->in->points;
+    size_t finite = 0, starts = 0;
+    for (size_t w = 0; w < WINDOWS; w++) {
+        size_t lo = (size_t)((unsigned __int128)n * w / WINDOWS);
+        const size_t hi = lo + WIDTH < n ? lo + WIDTH : n;
+        double prev[3] = {0.0, 0.0, 0.0};
+        int live = 0;
+        for (size_t i = lo; i < hi; i++) {
+            double p[3];
+            if (!load_xyz(job, job->data + i * job->stride, &p[0], &p[1], &p[2])) {
+                live = 0;
+                continue;
+            }
+            double k[3] = {key_of(job, p[0]), key_of(job, p[1]), key_of(job, p[2])};
+            finite++;
+            starts += !(live && k[0] == prev[0] && k[1] == prev[1] && k[2] == prev[2]);
+            memcpy(prev, k, sizeof k);
+            live = 1;
+        }
+    }
+    return starts ? 16 * finite / starts : 0;
 }
 
 /* Steps B-E once bounds and key widths are known (job->kb, job->ib set). */
@@ -469,12 +589,21 @@ int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t
                         job->kmin[a] + ((int64_t)1 << bits) <= ((int64_t)1 << 30);
     }
     /* Run-length items where the reduce reads runs (x, y, z only, or with one colour), the
-     * keys are vector keys and the length field fits in the 64 bits. */
-    int runs = job->keys_i32 && job->kb + job->ib + SBV_RUN_BITS <= 63 &&
+     * keys are vector keys, the length field fits in the 64 bits and a sample says runs
+     * average at least SBV_RUN_MIN_X16 / 16 points (fewer: the pack's extra work per point
+     * costs more than the shorter scatter and sort save). */
+    int runs = job->keys_i32 && job->kb + job->ib + SBV_RUN_BITS <= 63 && job->ib <= 32 &&
                (job->in->n_fields == 3 ? job->plan.xyz_packed : job->in->n_fields == 4);
     if (runs && job->in->n_fields == 4) {
         runs = 0;
         for (size_t f = 0; f < 4; f++) runs |= job->in->fields[f].role == SBV_ROLE_COLOR;
+    }
+    if (runs) {
+        const size_t x16 = run_length_x16(job);
+#ifdef SBV_TIMING
+        fprintf(stderr, "points/run x16 %zu ", x16);
+#endif
+        runs = x16 >= SBV_RUN_MIN_X16;
     }
     job->lb = runs ? SBV_RUN_BITS : 0;
     job->ib += job->lb;
