@@ -2,8 +2,10 @@
  * cpu_sorted.c - the CPU kernel's main path: radix-sort packed 8-byte items.
  *
  * Each finite point becomes one uint64: key offsets (kx - kxmin, ky - kymin, kz - kzmin)
- * packed in the high bits, point index in the low bits. Then, each step split over the job's
- * threads:
+ * packed in the high bits, point index in the low bits. Where consecutive points share a key
+ * (organized frames, lidar sweeps at fine voxels: ~1.5-2 points a run) one item stands for a
+ * whole run: its first point's index, and its length in the lowest bits (job->lb). Then, each
+ * step split over the job's threads:
  *
  *   B  pack the items, histogram of their top digit (up to 11 key bits);
  *   C  stable scatter into buckets by that digit (MSD pass);
@@ -11,7 +13,7 @@
  *      only (a stable sort: the index bits keep each voxel's points in input order) and
  *      counts distinct keys;
  *   E  each thread reduces its voxels straight into the output at its prefix offset,
- *      prefetching the records it is about to gather.
+ *      prefetching the records it is about to gather (a run's records one after another).
  *
  * Why not a hash table: that costs a cache miss per point; these passes stream.
  */
@@ -38,7 +40,7 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
                                                                 uint64_t *dst, uint32_t *ha, uint32_t *hb,
                                                                 const int rle) {
     const size_t stride = job->stride;
-    const int top_shift = job->top_shift;
+    const int top_shift = job->top_shift; /* < 64: kb + ib < 64 here */
     const int64_t kmin0 = job->kmin[0], kmin1 = job->kmin[1], kmin2 = job->kmin[2];
     const int by = job->by, bz = job->bz, ib = job->ib, lb = job->lb;
     const size_t lm = ((size_t)1 << lb) - 1;
@@ -76,7 +78,7 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
         prev = x_;                                                                                \
         *dst = cur;                                                                               \
         dst += start_;                                                                            \
-        ha[shr(x_, top_shift)] += (uint32_t)start_;                                               \
+        ha[(x_ >> top_shift)] += (uint32_t)start_;                                               \
         uint32_t *sw_ = ha;                                                                       \
         ha = hb;                                                                                  \
         hb = sw_;                                                                                 \
@@ -89,7 +91,7 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
             RUN(item, I);                                                                         \
         } else {                                                                                  \
             *dst++ = item;                                                                        \
-            ha[shr(item, top_shift)]++;                                                           \
+            ha[(item >> top_shift)]++;                                                           \
             uint32_t *sw = ha;                                                                    \
             ha = hb;                                                                              \
             hb = sw;                                                                              \
@@ -101,7 +103,7 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
             do {
                 ITEM1(i, rec, item, (void)0);
                 cur = prev = item;
-                ha[shr(item, top_shift)]++;
+                ha[(item >> top_shift)]++;
                 found = 1;
             } while (0);
             if (found) break;
@@ -158,10 +160,10 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
                 *dst = cur;
                 _mm_storeu_si128((__m128i *)(void *)(dst + 1), i01);
                 _mm_storeu_si128((__m128i *)(void *)(dst + 3), i23);
-                ha[shr(dst[1], top_shift)]++;
-                hb[shr(dst[2], top_shift)]++;
-                ha[shr(dst[3], top_shift)]++;
-                hb[shr(dst[4], top_shift)]++;
+                ha[(dst[1] >> top_shift)]++;
+                hb[(dst[2] >> top_shift)]++;
+                ha[(dst[3] >> top_shift)]++;
+                hb[(dst[4] >> top_shift)]++;
                 dst += 4; /* lane 3's run stays open */
                 cur = x3;
                 continue;
@@ -172,7 +174,7 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
                 const uint64_t st = (starts >> j) & 1u;
                 *dst = cur;
                 dst += st;
-                ha[shr(xs[j], top_shift)] += (uint32_t)st;
+                ha[(xs[j] >> top_shift)] += (uint32_t)st;
                 uint32_t *sw = ha;
                 ha = hb;
                 hb = sw;
@@ -181,10 +183,10 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
         } else {
             _mm_storeu_si128((__m128i *)(void *)dst, i01);
             _mm_storeu_si128((__m128i *)(void *)(dst + 2), i23);
-            ha[shr(dst[0], top_shift)]++;
-            hb[shr(dst[1], top_shift)]++;
-            ha[shr(dst[2], top_shift)]++;
-            hb[shr(dst[3], top_shift)]++;
+            ha[(dst[0] >> top_shift)]++;
+            hb[(dst[1] >> top_shift)]++;
+            ha[(dst[2] >> top_shift)]++;
+            hb[(dst[3] >> top_shift)]++;
             dst += 4;
         }
     }
@@ -477,7 +479,7 @@ static void reduce_run(job_t *job, size_t r) {
 /* reduce_run for run-length items (job->lb > 0; float32 x, y, z, alone or with one colour):
  * an item is (item & lm) + 1 consecutive records from index (item & mask) >> lb, summed in
  * that order, and a voxel's items are in index order, so every sum is the per-point one. */
-static void reduce_run_rle(job_t *job, size_t r) {
+static inline __attribute__((always_inline)) void reduce_runs(job_t *job, size_t r, const int xyz_only) {
     const sbv_cloud *in = job->in;
     const int ib = job->ib, lb = job->lb;
     unsigned char *out = job->out + job->out_base[r] * job->stride;
@@ -488,7 +490,6 @@ static void reduce_run_rle(job_t *job, size_t r) {
     const unsigned char *data = job->data;
     const size_t stride = job->stride;
     const sbv_plan *pl = &job->plan;
-    const int xyz_only = in->n_fields == 3;
     uint32_t col_off = 0;
     for (size_t f = 0; f < in->n_fields; f++)
         if (in->fields[f].role == SBV_ROLE_COLOR) col_off = in->fields[f].offset;
@@ -536,6 +537,13 @@ static void reduce_run_rle(job_t *job, size_t r) {
         out += stride;
         s = e;
     }
+}
+
+static void reduce_run_rle(job_t *job, size_t r) {
+    if (job->in->n_fields == 3)
+        reduce_runs(job, r, 1); /* a loop of its own: the colour sums' registers spill the rest */
+    else
+        reduce_runs(job, r, 0);
 }
 
 static void phase_reduce(job_t *job, int t) {
