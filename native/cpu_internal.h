@@ -75,6 +75,16 @@ static inline uint64_t sbvi_mix(uint64_t key) { return key * 0x9E3779B97F4A7C15u
 #define SBV_DENSE_MAX_CELLS ((size_t)1 << 22)
 #define SBV_DENSE_MAX_HIST_BYTES ((size_t)64 << 20)
 
+/* A condition the branch predictor cannot learn (GCC then emits a conditional move). */
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_expect_with_probability)
+#define SBV_UNPREDICTABLE(c) __builtin_expect_with_probability(!!(c), 1, 0.5)
+#endif
+#endif
+#ifndef SBV_UNPREDICTABLE
+#define SBV_UNPREDICTABLE(c) (c)
+#endif
+
 static inline uint64_t shl(uint64_t x, int s) { return s >= 64 ? 0 : x << s; }
 static inline uint64_t shr(uint64_t x, int s) { return s >= 64 ? 0 : x >> s; }
 static inline int bit_width(uint64_t x) { return x ? 64 - __builtin_clzll(x) : 0; }

@@ -82,7 +82,7 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
         uint32_t *sw_ = ha;                                                                       \
         ha = hb;                                                                                  \
         hb = sw_;                                                                                 \
-        cur = ((cur + 1) & (start_ - 1)) | (x_ & (0 - start_));                                   \
+        cur = SBV_UNPREDICTABLE(start_) ? x_ : cur + 1;                                           \
     } while (0)
 #define ONE(I, REC)                                                                               \
     do {                                                                                          \
@@ -156,18 +156,6 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
                                   (unsigned)(((x0 ^ prev) >> ib) == 0);
             const unsigned starts = (~cont | (1u << ((0 - i) & lm))) & 15u;
             prev = x3;
-            if (starts == 15) {
-                *dst = cur;
-                _mm_storeu_si128((__m128i *)(void *)(dst + 1), i01);
-                _mm_storeu_si128((__m128i *)(void *)(dst + 3), i23);
-                ha[(dst[1] >> top_shift)]++;
-                hb[(dst[2] >> top_shift)]++;
-                ha[(dst[3] >> top_shift)]++;
-                hb[(dst[4] >> top_shift)]++;
-                dst += 4; /* lane 3's run stays open */
-                cur = x3;
-                continue;
-            }
             const uint64_t xs[4] = {x0, (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(i01, i01)),
                                     (uint64_t)_mm_cvtsi128_si64(i23), x3};
             for (int j = 0; j < 4; j++) {
@@ -178,7 +166,7 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
                 uint32_t *sw = ha;
                 ha = hb;
                 hb = sw;
-                cur = ((cur + 1) & (st - 1)) | (xs[j] & (0 - st)); /* no branch: runs are short */
+                cur = SBV_UNPREDICTABLE(st) ? xs[j] : cur + 1;
             }
         } else {
             _mm_storeu_si128((__m128i *)(void *)dst, i01);
