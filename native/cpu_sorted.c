@@ -588,7 +588,7 @@ int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t
      * keys are vector keys, the length field fits in the 64 bits and a sample says runs
      * average at least SBV_RUN_MIN_X16 / 16 points (fewer: the pack's extra work per point
      * costs more than the shorter scatter and sort save). */
-    int runs = job->keys_i32 && job->kb + job->ib + SBV_RUN_BITS <= 63 && job->ib <= 32 &&
+    int runs = job->keys_i32 && job->kb + job->ib + SBV_RUN_BITS <= 63 &&
                (job->in->n_fields == 3 ? job->plan.xyz_packed : job->in->n_fields == 4);
     if (runs && job->in->n_fields == 4) {
         runs = 0;
