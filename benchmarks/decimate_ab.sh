@@ -5,6 +5,7 @@
 # finding on a shared machine. Needs gcc and (for the .pcd frames) Open3D; writes build/ab/.
 # THREADS=N (N > 1): thread scaling of both builds instead, wall clock, on the lidar clouds
 # (x1 and xN of A and B interleaved in every round; see decimate_ab.c).
+# SHAPES=1: also the synthetic lidar-shuffled and uniform clouds (100k, 1M at 0.2 m), one thread.
 set -euo pipefail
 REV=${1:-main}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,6 +32,8 @@ for p in sorted(DEFAULT_PCL.glob("*.pcd")):
         (out / (p.stem[:24] + ".s16")).write_bytes(case.data)
 for n in (100_000, 1_000_000):
     (out / f"lidar{n}.s12").write_bytes(synthetic_case("lidar", n, 0.2, 0).data)
+    for shape in ("lidar-shuffled", "uniform"):
+        (out / f"{shape}{n}.s12").write_bytes(synthetic_case(shape, n, 0.2, 0).data)
 PYEOF
 echo "A = $REV, B = working tree; load $(cut -d' ' -f1-3 /proc/loadavg)"
 if [ "${THREADS:-1}" -gt 1 ]; then
@@ -42,4 +45,10 @@ fi
 for f in "$OUT"/*.s16; do "$OUT/decimate_ab" "$OUT/before.so" "$OUT/after.so" "$f" 0.02 21; done
 "$OUT/decimate_ab" "$OUT/before.so" "$OUT/after.so" "$OUT/lidar100000.s12" 0.2 21
 "$OUT/decimate_ab" "$OUT/before.so" "$OUT/after.so" "$OUT/lidar1000000.s12" 0.2 9
+if [ "${SHAPES:-0}" = 1 ]; then
+    for shape in lidar-shuffled uniform; do
+        "$OUT/decimate_ab" "$OUT/before.so" "$OUT/after.so" "$OUT/${shape}100000.s12" 0.2 21
+        "$OUT/decimate_ab" "$OUT/before.so" "$OUT/after.so" "$OUT/${shape}1000000.s12" 0.2 9
+    done
+fi
 echo "load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -34,6 +34,14 @@
 #define SBV_TOP_BITS 11
 #define SBV_SMALL_BUCKET 48
 #define SBV_PREFETCH 24
+/* Sorted path: bits of a run-length item's length field (runs of up to 2^SBV_RUN_BITS points) */
+#ifndef SBV_RUN_BITS
+#define SBV_RUN_BITS 4
+#endif
+/* ...taken when a sample's points per run, times 16, reach this (24: 1.5 points a run) */
+#ifndef SBV_RUN_MIN_X16
+#define SBV_RUN_MIN_X16 24
+#endif
 /* Several threads: the cloud is bounded, packed and scattered in SBV_SPLIT blocks per thread,
  * the buckets sorted and reduced in SBV_RUN_SPLIT runs per thread, and threads claim blocks
  * and runs as they finish. The cost per item is uneven (a lidar sweep's upward beams scatter
@@ -67,6 +75,16 @@ static inline uint64_t sbvi_mix(uint64_t key) { return key * 0x9E3779B97F4A7C15u
 #define SBV_DENSE_MAX_CELLS ((size_t)1 << 22)
 #define SBV_DENSE_MAX_HIST_BYTES ((size_t)64 << 20)
 
+/* A condition the branch predictor cannot learn (GCC then emits a conditional move). */
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_expect_with_probability)
+#define SBV_UNPREDICTABLE(c) __builtin_expect_with_probability(!!(c), 1, 0.5)
+#endif
+#endif
+#ifndef SBV_UNPREDICTABLE
+#define SBV_UNPREDICTABLE(c) (c)
+#endif
+
 static inline uint64_t shl(uint64_t x, int s) { return s >= 64 ? 0 : x << s; }
 static inline uint64_t shr(uint64_t x, int s) { return s >= 64 ? 0 : x >> s; }
 static inline int bit_width(uint64_t x) { return x ? 64 - __builtin_clzll(x) : 0; }
@@ -98,7 +116,8 @@ struct job {
     size_t finite_base[SBV_MAX_PARTS];
     /* key packing */
     int64_t kmin[3];
-    int by, bz, ib, kb, top_bits, top_shift;
+    int by, bz, ib, kb, top_bits, top_shift; /* ib: bits below the key (index, then lb) */
+    int lb; /* sorted path: run-length bits under the index (0: one item per point) */
     int keys_i32; /* sorted path: float32 keys that fit int32 (vector key computation) */
     uint64_t idx_mask;
     size_t nbuckets;
