@@ -35,6 +35,7 @@ import numpy.typing as npt
 from benchmarks.decimate_peers import (
     CLOCK,
     Timed,
+    c_vs_pcl_interleaved,
     pcl_harness,
     pcl_timed,
     ratio_summary,
@@ -274,6 +275,8 @@ class Report:
     gil: list[GilRow] = field(default_factory=list)
     #: case -> in-service / bare kernel time, one thread, calls interleaved
     service_ratio: dict[str, float] = field(default_factory=dict)
+    #: case -> PCL time / C x1 time, the two measured in alternation (median of rounds)
+    pcl_interleaved: dict[str, float] = field(default_factory=dict)
 
 
 def bench_case(
@@ -500,6 +503,12 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
         line = ratio_summary(rows)
         if line:
             emit(line)
+        harness = pcl_harness()[0] if "pcl" in wanted else None
+        if harness is not None and "c x1" in runners:
+            pcl_run = pcl_timed(harness, case.xyz, case.rgb, case.voxel, 3)
+            mid, low, high = c_vs_pcl_interleaved(runners["c x1"], pcl_run, max(5, repeats))
+            report.pcl_interleaved[case.name] = mid
+            emit(f"  {case.name}: c x1 / pcl, calls interleaved: {mid:.2f} ({low:.2f}-{high:.2f})")
         if "service" in wanted and available_backends()["c"] is None:
             ratio = service_vs_bare(case.layout, case.data, case.voxel, 3 * repeats)
             report.service_ratio[case.name] = ratio
@@ -576,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
                     "results": [asdict(r) for r in report.rows],
                     "gil": [asdict(g) for g in report.gil],
                     "service_vs_bare": report.service_ratio,
+                    "c_vs_pcl_interleaved": report.pcl_interleaved,
                 },
                 indent=2,
             )

@@ -100,6 +100,28 @@ def pcl_timed(
     return run
 
 
+def c_vs_pcl_interleaved(
+    c_run: Callable[[], object], pcl_run: Timed, rounds: int
+) -> tuple[float, float, float]:
+    """PCL time over the C kernel's, the two measured in alternation, ``rounds`` times: (median,
+    lowest, highest) of the per-round ratios. Why: timed one after the other the two rows are
+    seconds apart, and this VM's speed drifts more than that between them (PCL's rate moved
+    1.5x between runs of the same command); a ratio per round sees the same machine on both
+    sides. ``pcl_run`` is :func:`pcl_timed` (its own process, the median of its repeats)."""
+    now = CLOCK["now"]
+    ratios: list[float] = []
+    for _ in range(rounds):
+        c_run()  # warm-up after the other process ran, as PCL's harness does before timing
+        c_times = []
+        for _ in range(3):
+            t0 = now()
+            c_run()
+            c_times.append(now() - t0)
+        pcl_seconds, _count = pcl_run()
+        ratios.append(pcl_seconds / statistics.median(c_times))
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
 def _service_item(layout: CloudLayout, data: bytes, voxel: float) -> Any:
     """A work item as a worker gets it: a large cloud's header apart from a view of its points
     in the wire bytes (codec.split_cloud_frame), a small one parsed."""

@@ -84,3 +84,16 @@ def test_missing_real_frames_directory_is_an_error(
         main(["--sizes", "3k", "--voxels", "0.5", "--shapes", "lidar", "--real", str(missing)])
     assert info.value.code == 2
     assert f"--real {missing}: no such directory" in capsys.readouterr().err
+
+
+def test_c_vs_pcl_is_also_measured_in_alternation(capsys: pytest.CaptureFixture[str]) -> None:
+    """The ratio the targets are judged by: C and PCL timed round by round, not rows apart."""
+    if pcl_harness()[0] is None:
+        pytest.skip(f"PCL harness unavailable: {pcl_harness()[1]}")
+    argv = ["--sizes", "3k", "--voxels", "0.5", "--shapes", "lidar", "--no-real", "--no-gil"]
+    assert main([*argv, "--methods", "c,pcl", "--repeats", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    if report["env"]["backends"]["c"] is not None:
+        pytest.skip("C extension not built")
+    (ratio,) = report["c_vs_pcl_interleaved"].values()
+    assert 0.05 < ratio < 100
