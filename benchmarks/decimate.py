@@ -35,7 +35,7 @@ import numpy.typing as npt
 from benchmarks.decimate_peers import (
     CLOCK,
     Timed,
-    c_vs_pcl_interleaved,
+    interleaved_peers,
     pcl_harness,
     pcl_timed,
     ratio_summary,
@@ -275,8 +275,8 @@ class Report:
     gil: list[GilRow] = field(default_factory=list)
     #: case -> in-service / bare kernel time, one thread, calls interleaved
     service_ratio: dict[str, float] = field(default_factory=dict)
-    #: case -> PCL time / C x1 time, the two measured in alternation (median of rounds)
-    pcl_interleaved: dict[str, float] = field(default_factory=dict)
+    #: peer ("pcl", "o3d best") -> case -> its time / C x1 time, measured in alternation
+    interleaved: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def bench_case(
@@ -504,11 +504,12 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
         if line:
             emit(line)
         harness = pcl_harness()[0] if "pcl" in wanted else None
-        if harness is not None and "c x1" in runners:
-            pcl_run = pcl_timed(harness, case.xyz, case.rgb, case.voxel, 3)
-            mid, low, high = c_vs_pcl_interleaved(runners["c x1"], pcl_run, max(5, repeats))
-            report.pcl_interleaved[case.name] = mid
-            emit(f"  {case.name}: c x1 / pcl, calls interleaved: {mid:.2f} ({low:.2f}-{high:.2f})")
+        pcl = pcl_timed(harness, case.xyz, case.rgb, case.voxel, 3) if harness else None
+        for peer, (mid, low, high) in interleaved_peers(runners, pcl, max(5, repeats)).items():
+            report.interleaved.setdefault(peer, {})[case.name] = mid
+            emit(
+                f"  {case.name}: c x1 / {peer}, calls interleaved: {mid:.2f} ({low:.2f}-{high:.2f})"
+            )
         if "service" in wanted and available_backends()["c"] is None:
             ratio = service_vs_bare(case.layout, case.data, case.voxel, 3 * repeats)
             report.service_ratio[case.name] = ratio
@@ -585,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
                     "results": [asdict(r) for r in report.rows],
                     "gil": [asdict(g) for g in report.gil],
                     "service_vs_bare": report.service_ratio,
-                    "c_vs_pcl_interleaved": report.pcl_interleaved,
+                    "c_vs_peers_interleaved": report.interleaved,
                 },
                 indent=2,
             )

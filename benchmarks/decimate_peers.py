@@ -100,26 +100,63 @@ def pcl_timed(
     return run
 
 
-def c_vs_pcl_interleaved(
-    c_run: Callable[[], object], pcl_run: Timed, rounds: int
+def c_vs_peer_interleaved(
+    c_run: Callable[[], object], peer_run: Timed, rounds: int
 ) -> tuple[float, float, float]:
-    """PCL time over the C kernel's, the two measured in alternation, ``rounds`` times: (median,
-    lowest, highest) of the per-round ratios. Why: timed one after the other the two rows are
-    seconds apart, and this VM's speed drifts more than that between them (PCL's rate moved
-    1.5x between runs of the same command); a ratio per round sees the same machine on both
-    sides. ``pcl_run`` is :func:`pcl_timed` (its own process, the median of its repeats)."""
+    """A peer's time over the C kernel's, the two measured in alternation, ``rounds`` times:
+    (median, lowest, highest) of the per-round ratios. Why: timed one after the other the two
+    rows are seconds apart, and this VM's speed drifts more than that between them (PCL's rate
+    moved 1.5x between runs of the same command); a ratio per round sees the same machine on
+    both sides. ``peer_run`` returns (seconds, output points) for its own warm median."""
     now = CLOCK["now"]
     ratios: list[float] = []
     for _ in range(rounds):
-        c_run()  # warm-up after the other process ran, as PCL's harness does before timing
+        c_run()  # warm-up after the peer ran, as the peers warm up before timing
         c_times = []
         for _ in range(3):
             t0 = now()
             c_run()
             c_times.append(now() - t0)
-        pcl_seconds, _count = pcl_run()
-        ratios.append(pcl_seconds / statistics.median(c_times))
+        peer_seconds, _count = peer_run()
+        ratios.append(peer_seconds / statistics.median(c_times))
     return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def best_of(runs: list[Callable[[], int]]) -> Timed:
+    """In-process peers (Open3D's two APIs) as one: each warmed up and called three times; the
+    faster median wins, as the "best" in the targets."""
+    now = CLOCK["now"]
+
+    def run() -> tuple[float, int]:
+        best, count = float("inf"), 0
+        for call in runs:
+            call()
+            times = []
+            for _ in range(3):
+                t0 = now()
+                count = call()
+                times.append(now() - t0)
+            best = min(best, statistics.median(times))
+        return best, count
+
+    return run
+
+
+def interleaved_peers(
+    runners: dict[str, Callable[[], int]], pcl: Timed | None, rounds: int
+) -> dict[str, tuple[float, float, float]]:
+    """C x1 against PCL (its own process) and Open3D's best, each measured in alternation."""
+    if "c x1" not in runners:
+        return {}
+    peers: dict[str, Timed] = {}
+    if pcl is not None:
+        peers["pcl"] = pcl
+    o3d = [run for name, run in runners.items() if name.startswith("o3d")]
+    if o3d:
+        peers["o3d best"] = best_of(o3d)
+    return {
+        name: c_vs_peer_interleaved(runners["c x1"], peer, rounds) for name, peer in peers.items()
+    }
 
 
 def _service_item(layout: CloudLayout, data: bytes, voxel: float) -> Any:

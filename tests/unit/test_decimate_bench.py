@@ -86,14 +86,21 @@ def test_missing_real_frames_directory_is_an_error(
     assert f"--real {missing}: no such directory" in capsys.readouterr().err
 
 
-def test_c_vs_pcl_is_also_measured_in_alternation(capsys: pytest.CaptureFixture[str]) -> None:
-    """The ratio the targets are judged by: C and PCL timed round by round, not rows apart."""
+def test_c_vs_its_peers_is_also_measured_in_alternation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The ratios the targets are judged by: C and each peer timed round by round, not rows
+    apart (PCL in its own process, Open3D's best in this one)."""
     if pcl_harness()[0] is None:
         pytest.skip(f"PCL harness unavailable: {pcl_harness()[1]}")
     argv = ["--sizes", "3k", "--voxels", "0.5", "--shapes", "lidar", "--no-real", "--no-gil"]
-    assert main([*argv, "--methods", "c,pcl", "--repeats", "1", "--json"]) == 0
+    assert main([*argv, "--methods", "c,pcl,open3d", "--repeats", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     if report["env"]["backends"]["c"] is not None:
         pytest.skip("C extension not built")
-    (ratio,) = report["c_vs_pcl_interleaved"].values()
-    assert 0.05 < ratio < 100
+    peers = report["c_vs_peers_interleaved"]
+    (pcl,) = peers["pcl"].values()
+    assert 0.05 < pcl < 100
+    if report["env"]["open3d"] is not None:
+        (o3d,) = peers["o3d best"].values()
+        assert 0.05 < o3d < 1000
