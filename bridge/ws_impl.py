@@ -66,8 +66,9 @@ class GovernedConnection(ServerConnection):
         self.hello: Charge | None = None  # the first message's, charged without waiting
         self.waiter: Waiter | None = None
         self.stash = b""  # bytes of the current read behind an ungranted header
-        self.pieces: list[bytes] = []  # the granted payload of a large frame, as read so far
-        self.piece_bytes_left = 0  # bytes of that payload still to come
+        # The granted payload of a large frame as read so far (None: not collecting one); the
+        # meter counts what is still to come.
+        self.pieces: list[bytes] | None = None
         self.queue_full = False  # websockets' own message queue asked to stop reading
         self.refused = False
         self.reading = True
@@ -102,7 +103,7 @@ class GovernedConnection(ServerConnection):
     def _feed(self) -> None:
         """Pass stashed bytes to websockets up to the next payload nobody granted yet."""
         while self.stash and self.waiter is None and not self.refused:
-            if self.piece_bytes_left:
+            if self.pieces is not None:
                 self._collect()
                 continue
             used, owed = self.meter.feed(self.stash)
@@ -115,7 +116,7 @@ class GovernedConnection(ServerConnection):
             elif owed:
                 self._need(owed)
             if owed >= WHOLE_PAYLOAD_BYTES and self._parsing(owed):
-                self.piece_bytes_left = owed
+                self.pieces = []
         self._apply()
 
     def _parsing(self, nbytes: int) -> bool:
@@ -126,13 +127,13 @@ class GovernedConnection(ServerConnection):
 
     def _collect(self) -> None:
         """Hold the next stashed bytes of a large payload; hand the payload over once whole."""
-        take = min(self.piece_bytes_left, len(self.stash))
+        assert self.pieces is not None
+        take = min(self.meter.payload_left, len(self.stash))
         piece, self.stash = self.stash[:take], self.stash[take:]
         self.meter.feed(piece)  # inside the payload: consumes exactly these bytes
         self.pieces.append(piece)
-        self.piece_bytes_left -= take
-        if not self.piece_bytes_left:
-            pieces, self.pieces = self.pieces, []
+        if not self.meter.payload_left:
+            pieces, self.pieces = self.pieces, None
             super().data_received(pieces[0] if len(pieces) == 1 else b"".join(pieces))
 
     def _need(self, nbytes: int) -> None:
@@ -161,7 +162,7 @@ class GovernedConnection(ServerConnection):
         """A frame that can never fit the current budget: close with 1009 and the reason."""
         self.refused = True
         self.stash = b""
-        self.pieces, self.piece_bytes_left = [], 0
+        self.pieces = None
         self._apply()
         limit = self.governor.admissible_bytes
         reason = f"frame of {nbytes} bytes can never fit the memory budget (max {limit})"
@@ -192,7 +193,7 @@ class GovernedConnection(ServerConnection):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self.stash = b""
-        self.pieces, self.piece_bytes_left = [], 0
+        self.pieces = None
         if self.waiter is not None:
             self.governor.cancel(self.waiter)
             self.waiter = None

@@ -25,6 +25,11 @@ class FrameMeter:
         self.frames = 0  # data frames with a payload whose header was seen
         self.metered_bytes = 0  # payload bytes announced by data frames so far
 
+    @property
+    def payload_left(self) -> int:
+        """Payload bytes of the current frame still to come."""
+        return self._payload_left
+
     def feed(self, data: bytes | bytearray | memoryview) -> tuple[int, int]:
         """Consume bytes up to the end of ``data`` or up to the end of the first data-frame
         header announcing a payload, whichever comes first. Returns (bytes consumed, payload
