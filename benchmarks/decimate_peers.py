@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,7 @@ BIN_LAYOUTS = {"xyzi": XYZI_LAYOUT, "xyz": XYZ_BIN_LAYOUT}
 
 #: (seconds per call, output points), measured inside the peer's own process.
 Timed = Callable[[], tuple[float, int]]
+T = TypeVar("T")
 
 #: The clock every method is timed with: wall time, or (``--cpu-time``) this process's CPU time,
 #: steadier on a shared machine for one-thread methods (a multi-threaded call adds its threads').
@@ -108,36 +109,32 @@ def c_vs_peer_interleaved(
     rows are seconds apart, and this VM's speed drifts more than that between them (PCL's rate
     moved 1.5x between runs of the same command); a ratio per round sees the same machine on
     both sides. ``peer_run`` returns (seconds, output points) for its own warm median."""
-    now = CLOCK["now"]
     ratios: list[float] = []
     for _ in range(rounds):
-        c_run()  # warm-up after the peer ran, as the peers warm up before timing
-        c_times = []
-        for _ in range(3):
-            t0 = now()
-            c_run()
-            c_times.append(now() - t0)
+        c_seconds, _ = warm_median(c_run)  # warmed up after the peer ran, as the peers are
         peer_seconds, _count = peer_run()
-        ratios.append(peer_seconds / statistics.median(c_times))
+        ratios.append(peer_seconds / c_seconds)
     return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def warm_median(call: Callable[[], T], calls: int = 3) -> tuple[float, T]:
+    """One warm-up call, then the median time of ``calls`` more (and the last call's result)."""
+    now = CLOCK["now"]
+    result = call()
+    times = []
+    for _ in range(calls):
+        t0 = now()
+        result = call()
+        times.append(now() - t0)
+    return statistics.median(times), result
 
 
 def best_of(runs: list[Callable[[], int]]) -> Timed:
     """In-process peers (Open3D's two APIs) as one: each warmed up and called three times; the
     faster median wins, as the "best" in the targets."""
-    now = CLOCK["now"]
 
     def run() -> tuple[float, int]:
-        best, count = float("inf"), 0
-        for call in runs:
-            call()
-            times = []
-            for _ in range(3):
-                t0 = now()
-                count = call()
-                times.append(now() - t0)
-            best = min(best, statistics.median(times))
-        return best, count
+        return min(warm_median(call) for call in runs)
 
     return run
 
