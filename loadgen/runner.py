@@ -113,7 +113,6 @@ class Run:
         self.t_end_ns = 0
         self.cloud_note = ""
         self.initial_tta_ms: float | None = None
-        self._below_usage_note = ""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -283,21 +282,20 @@ class Run:
                 rec.error = f"{type(exc).__name__}: {exc}"
             self.phase = "steady"
 
-    async def _memory_target(self, step: ResizeStep) -> int | None:
-        """``memory: usage``: below the current usage by what the bridge can give back
-        (:func:`below_usage_target`)."""
+    async def _memory_target(self, step: ResizeStep) -> tuple[int | None, str]:
+        """The step's memory limit and a note on how it was chosen. ``memory: usage``: below
+        the current usage by what the bridge can give back (:func:`below_usage_target`)."""
         if not step.memory_below_usage:
-            return step.memory
+            return step.memory, ""
         info: dict[str, Any] = {}
         if self.bridge is not None:
             with contextlib.suppress(OSError, TimeoutError, ValueError, IndexError):
                 info = await self.bridge.resources()
-        target, self._below_usage_note = below_usage_target(self.backend.usage(), info)
-        return target
+        return below_usage_target(self.backend.usage(), info)
 
     async def _in_place(self, rec: StepRecord) -> None:
         assert self.bridge is not None
-        memory = await self._memory_target(rec.step)
+        memory, note = await self._memory_target(rec.step)
         next_at = self._next_at(rec)
         hold = min(self.s.hold_timeout_s, max(0.5, next_at - rec.step.at_s - 0.5))
         # Watch the plan while the node side works: for a held memory decrease the bridge
@@ -314,7 +312,7 @@ class Run:
         )
         rec.applied = await apply
         if rec.step.memory_below_usage:
-            rec.applied.notes.append(self._below_usage_note)
+            rec.applied.notes.append(note)
         rec.adapted_ns, rec.plan = await wait_adapted(
             self.bridge, rec.step.cpu, memory, self.s.adapt_timeout_s
         )
@@ -331,7 +329,7 @@ class Run:
     async def _restart(self, rec: StepRecord) -> None:
         """Evict and recreate: SIGTERM (drain), new limits, a new bridge on the same ports."""
         assert self.bridge is not None
-        memory = await self._memory_target(rec.step)
+        memory, _ = await self._memory_target(rec.step)
         applied = Applied(time.time_ns(), rec.step.cpu, memory, self.backend.usage())
         rec.applied = applied
         ports = self.bridge.ports
