@@ -458,12 +458,6 @@ static void reduce_run(job_t *job, size_t r) {
     }
 }
 
-/* reduce_run for run-length items (job->lb > 0; float32 x, y, z, alone or with one colour).
- * A run is read two records a step with no branch for the second (its pointer stays on the
- * first and its values are multiplied by 0 when the run has one point): runs of one or two
- * points (75-93 % of them on the radix-path clouds) then cost no mispredicted loop exit.
- * Adding that +-0 leaves a sum's bits unchanged (a sum that starts at +0 is never -0), so
- * the sums are still exactly the per-point ones in input order. */
 /* reduce_run for run-length items (job->lb > 0; float32 x, y, z, alone or with one colour):
  * an item is (item & lm) + 1 consecutive records from index (item & mask) >> lb, summed in
  * that order, and a voxel's items are in index order, so every sum is the per-point one. */
