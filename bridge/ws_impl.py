@@ -12,8 +12,8 @@ its grants is one socket read (≤ 256 KiB, the event loop's read size) plus con
 
 A large payload reaches ``websockets`` in one piece: its parser keeps unread bytes in a bytearray
 that grows by reallocation, so a 1.2 MB frame fed as the socket delivers it (five or more reads,
-more on a slow link) was copied over and over (``python -m benchmarks.ws_parse``: 0.4-0.6 ms of
-parsing per frame in 16-256 KiB pieces against 0.2 ms whole). The granted payload's reads are
+more on a slow link) was copied over and over (``python -m benchmarks.ws_parse``: 0.3-0.6 ms of
+parsing per frame in 16-256 KiB pieces against 0.15-0.2 ms whole). The granted payload's reads are
 held as a list and joined once.
 """
 
