@@ -32,7 +32,7 @@ from bridge.grpc_impl import build_server, set_health
 from bridge.http_impl import OpsHttpServer
 from bridge.ingest import EdgeRegistry, IngestConfig
 from bridge.looplag import LoopLagMonitor
-from bridge.memtrim import heap_slack_exceeded, release_free_heap
+from bridge.memtrim import release_free_heap
 from bridge.metrics import BridgeMetrics
 from bridge.processing import Processor
 from bridge.push_impl import SinkPusher
@@ -41,6 +41,7 @@ from bridge.ring import Policy
 from bridge.settings import Settings
 from bridge.subscribers import SubscriberSet
 from bridge.tls import grpc_server_credentials
+from bridge.trimpolicy import HeapTrimPolicy
 from bridge.workers import WorkerPool
 from bridge.ws_impl import start_ws_server
 
@@ -112,8 +113,10 @@ class BridgeService:
         self._health: Any = None
         self._http: OpsHttpServer | None = None
         self._baseline_rss = _rss_bytes()
-        self._last_trim = 0.0
-        self._trim_slack = max(32 * MiB, 2 * settings.max_frame_bytes)
+        self._trim = HeapTrimPolicy(
+            slack_bytes=max(32 * MiB, 2 * settings.max_frame_bytes),
+            idle_seconds=settings.heap_trim_idle_seconds,
+        )
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> BoundPorts:
@@ -286,13 +289,16 @@ class BridgeService:
                 # the kubelet's check for a pending memory decrease passes.
                 capacity.trim_pending = False
                 released = await asyncio.to_thread(release_free_heap)
-                self._last_trim = time.monotonic()
+                self._trim.trimmed(time.monotonic())
                 log.info("memory shrink drained; free heap %s", "released" if released else "kept")
-            elif time.monotonic() - self._last_trim >= 1.0 and heap_slack_exceeded(
-                _rss_bytes(), self._baseline_rss, self.governor.total_bytes, self._trim_slack
+            elif self._trim.decide(
+                time.monotonic(),
+                _rss_bytes(),
+                self._baseline_rss,
+                self.governor.total_bytes,
+                self.governor.budget_bytes,
             ):
                 # Frames were freed but their pages stay in the heap: give them back.
-                self._last_trim = time.monotonic()
                 await asyncio.to_thread(release_free_heap)
             await asyncio.sleep(0.25)
 

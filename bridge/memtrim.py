@@ -5,9 +5,9 @@ Why two halves: with glibc's defaults every ~1 MB frame is mmapped and unmapped,
 :func:`tune_allocator` keeps such buffers in the heap instead and stops automatic trimming; but a
 heap that never shrinks would defeat the cooperative memory downscale, so after a planned ring
 shrink has drained :func:`release_free_heap` hands the free pages back (``malloc_trim(0)``, every
-arena) and ``memory.current`` really falls. The same happens whenever the process holds much more
-than its baseline plus the data the memory governor has charged (:func:`heap_slack_exceeded`):
-frames that were freed but still sit in the heap.
+arena) and ``memory.current`` really falls. The same happens when freed frames sitting in the heap
+push resident memory past the data budget, or stay unused for a while
+(:class:`bridge.trimpolicy.HeapTrimPolicy`).
 """
 
 from __future__ import annotations
@@ -71,9 +71,3 @@ def release_free_heap() -> bool:
     if _TRIM is None:
         return False
     return bool(_TRIM(0))
-
-
-def heap_slack_exceeded(rss: int, baseline: int, charged: int, slack: int) -> bool:
-    """True when resident memory exceeds baseline + charged data by more than ``slack`` bytes:
-    freed buffers the tuned allocator keeps (it never trims by itself)."""
-    return rss - baseline - charged > slack

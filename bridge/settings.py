@@ -77,6 +77,7 @@ class Settings:
     cuda_lib: str = ""  # the CUDA library to load; empty = _sbv_cuda.so next to the package
     # Operations
     tune_allocator: bool = True  # glibc: frames from the heap, trimmed after planned shrinks
+    heap_trim_idle_seconds: float = 10.0  # free heap below the budget is trimmed after this long
     log_format: str = "text"  # text | json
     log_level: str = "INFO"
     auth_token: str = ""  # optional bearer token required from edges (Hello.auth_token / header)

@@ -47,6 +47,8 @@ HELP: dict[str, str] = {
     "resize stays pending this long",
     "adapt": "re-plan workers, ring budgets and GPU batches live from the limits the pod has",
     "tune_allocator": "glibc: serve frames from the heap and trim it after planned ring shrinks",
+    "heap_trim_idle_seconds": "free heap pages (freed frames) below the data budget are given "
+    "back once they have sat unused this long; past the budget they go within a second",
     "log_format": "log format; json = one object per line on stderr (and a JSON ready line)",
     "log_level": "log level",
     "auth_token": "bearer token edges must present (Hello.auth_token or Authorization: Bearer); "

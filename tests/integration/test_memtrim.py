@@ -9,6 +9,7 @@ import pytest
 
 from bridge import app as app_mod
 from bridge import memtrim
+from bridge.trimpolicy import HeapTrimPolicy
 from tests.integration.harness import running_bridge, wait_until
 
 
@@ -24,7 +25,7 @@ async def test_bridge_trims_the_heap_once_after_a_shrink_drains(
 ) -> None:
     calls: list[int] = []
     monkeypatch.setattr(app_mod, "release_free_heap", lambda: calls.append(1) or True)
-    monkeypatch.setattr(app_mod, "heap_slack_exceeded", lambda *a: False)  # the other trigger
+    monkeypatch.setattr(HeapTrimPolicy, "decide", lambda *a: None)  # the other trigger
     async with running_bridge(ring_budget_bytes=256 << 20, max_frame_bytes=1 << 20) as bridge:
         assert bridge.capacity is not None
         bridge.capacity.set_memory_budget(512 << 20, 128 << 20)  # a grow does nothing...
@@ -34,24 +35,25 @@ async def test_bridge_trims_the_heap_once_after_a_shrink_drains(
         assert not await wait_until(lambda: len(calls) > 1, timeout=0.6)
 
 
-async def test_bridge_trims_when_the_heap_holds_much_more_than_the_data_charged(
+async def test_bridge_trims_at_once_only_past_the_budget_and_after_idle_below_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[int] = []
     monkeypatch.setattr(app_mod, "release_free_heap", lambda: calls.append(1) or True)
-    async with running_bridge() as bridge:
+    async with running_bridge(heap_trim_idle_seconds=1.5) as bridge:
         base = bridge._baseline_rss + bridge.governor.total_bytes  # e.g. the kept kernel scratch
-        slack = bridge._trim_slack
-        monkeypatch.setattr(app_mod, "_rss_bytes", lambda: base + slack // 2)
-        assert not await wait_until(lambda: bool(calls), timeout=0.6)
+        slack = bridge._trim.slack_bytes
+        # Freed frames the next ones will reuse, well inside the budget: no trim while they churn.
         monkeypatch.setattr(app_mod, "_rss_bytes", lambda: base + slack + 1)
+        assert bridge.governor.budget_bytes > 2 * slack
+        assert not await wait_until(lambda: bool(calls), timeout=0.8)
+        # ...but once they have sat unused for heap_trim_idle_seconds, they go back.
         assert await wait_until(lambda: len(calls) == 1, timeout=2)
-        assert not await wait_until(lambda: len(calls) > 1, timeout=0.5)  # at most once a second
-
-
-def test_heap_slack_is_what_the_governor_does_not_account_for() -> None:
-    assert memtrim.heap_slack_exceeded(rss=300, baseline=100, charged=150, slack=49)
-    assert not memtrim.heap_slack_exceeded(rss=300, baseline=100, charged=150, slack=50)
+        # Past the data budget they go within a second, and at most once a second.
+        over = bridge._baseline_rss + bridge.governor.budget_bytes + slack + 1
+        monkeypatch.setattr(app_mod, "_rss_bytes", lambda: over)
+        assert await wait_until(lambda: len(calls) == 2, timeout=1.5)
+        assert not await wait_until(lambda: len(calls) > 2, timeout=0.5)
 
 
 def test_tune_allocator_is_accepted_by_glibc_or_reports_why_not(
