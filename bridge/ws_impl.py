@@ -14,7 +14,7 @@ A large payload reaches ``websockets`` in one piece: its parser keeps unread byt
 that grows by reallocation, so a 1.2 MB frame fed as the socket delivers it (five or more reads,
 more on a slow link) was copied over and over (``python -m benchmarks.ws_parse``: 0.3-0.6 ms of
 parsing per frame in 16-256 KiB pieces against 0.15-0.2 ms whole). The granted payload's reads are
-held as a list and joined once.
+held as a list and joined once, straight into the bytearray the parser reads from.
 """
 
 from __future__ import annotations
@@ -134,7 +134,14 @@ class GovernedConnection(ServerConnection):
         self.pieces.append(piece)
         if not self.meter.payload_left:
             pieces, self.pieces = self.pieces, None
-            super().data_received(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            reader = self.protocol.reader
+            if reader.buffer:  # not expected (the header went in alone): append as websockets does
+                super().data_received(b"".join(pieces))
+                return
+            # The parser reads from its reader's bytearray: the payload joined straight into one
+            # is its only copy here (joining to bytes, then appending those, made two).
+            reader.buffer = bytearray().join(pieces)
+            super().data_received(b"")
 
     def _need(self, nbytes: int) -> None:
         got = self.governor.request(Component.TRANSPORT, nbytes, self._granted)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 from websockets.protocol import Protocol, Side
+from websockets.streams import StreamReader
 
 from bridge.ports import Received
 from bridge.v1 import bridge_pb2 as pb
@@ -39,16 +40,31 @@ def received(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
 
 @pytest.fixture
 def server_pieces(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Sizes of the byte strings the bridge's server-side parsers were fed."""
+    """What the bridge's server-side parsers had to read each time they ran: bytes fed plus
+    bytes already waiting in their buffer."""
     sizes: list[int] = []
     original = Protocol.receive_data
 
     def spy(self: Protocol, data: Any) -> None:
         if self.side is Side.SERVER:
-            sizes.append(len(data))
+            sizes.append(len(self.reader.buffer) + len(data))
         original(self, data)
 
     monkeypatch.setattr(Protocol, "receive_data", spy)
+    yield sizes
+
+
+@pytest.fixture
+def appended(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Sizes of the byte strings appended (copied) to any parser's buffer."""
+    sizes: list[int] = []
+    original = StreamReader.feed_data
+
+    def spy(self: StreamReader, data: Any) -> None:
+        sizes.append(len(data))
+        original(self, data)
+
+    monkeypatch.setattr(StreamReader, "feed_data", spy)
     yield sizes
 
 
@@ -90,3 +106,22 @@ async def test_a_fragmented_large_message_arrives_whole(
         assert await wait_until(lambda: len(received) == 3, timeout=20)
     assert received[1] == message
     assert sum(1 for n in server_pieces if n >= third) == 3
+
+
+async def test_a_large_payload_is_not_copied_again_into_the_parser_buffer(
+    appended: list[int], received: list[bytes]
+) -> None:
+    """The joined payload becomes the parser's buffer: no second copy of 1.2 MB per frame."""
+    message = pb.EdgeMessage(frame=cloud_frame("lidar", 1, n=POINTS)).SerializeToString()
+    async with (
+        running_bridge() as bridge,
+        connect(ws_url(bridge), max_size=None, compression=None) as ws,
+    ):
+        await ws.send(hello("dev", "lidar").SerializeToString())
+        await ws.recv(decode=False)
+        appended.clear()  # from here on, only what the client sends and the bridge reads
+        await ws.send(message)
+        assert await wait_until(lambda: len(received) == 2, timeout=20)
+    assert received[1] == message
+    # The client's own parser reads small replies only; a payload-sized append is the server's.
+    assert max(appended) < len(message) // 2, f"appended to a parser buffer: {appended}"
