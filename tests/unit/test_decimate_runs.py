@@ -85,3 +85,20 @@ def test_organized_runs_match_the_reference(name: str, dropped: float, threads: 
     data = pack(layout, xyz, np.random.default_rng(11))
     want, _ = downsample_packed(layout, data, VOXEL)
     assert c_bytes(name, data, threads) == want
+
+
+@pytest.mark.parametrize("name", ["xyz32", "xyzrgb"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_stretches_of_dropped_points_inside_runs_match_the_reference(
+    name: str, threads: int
+) -> None:
+    """Invalid depth comes in stretches (RGB-D frames: 1 to 12 points, often whole groups of
+    four, which the pack skips at once): a stretch ends a run even when the voxel goes on."""
+    layout = {**LAYOUTS, "xyzrgb": XYZRGB}[name]
+    xyz = organized(21 + threads, 0.0)
+    rng = np.random.default_rng(5)
+    for start in rng.choice(POINTS - 12, POINTS // 40, replace=False):
+        xyz[start : start + int(rng.integers(1, 13)), int(rng.integers(0, 3))] = np.nan
+    data = pack(layout, xyz, np.random.default_rng(13))
+    want, _ = downsample_packed(layout, data, VOXEL)
+    assert c_bytes(name, data, threads) == want
