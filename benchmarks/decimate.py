@@ -36,6 +36,7 @@ from benchmarks.decimate_peers import (
     CLOCK,
     Timed,
     interleaved_peers,
+    load_avg,
     pcl_harness,
     pcl_timed,
     ratio_summary,
@@ -43,6 +44,7 @@ from benchmarks.decimate_peers import (
     service_timed,
     service_vs_bare,
     use_cpu_time,
+    use_server_allocator,
 )
 from bridge.cloud import CloudLayout, make_layout
 from bridge.decimate.backends import available_backends, get_decimator
@@ -469,8 +471,9 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
             "c_threads": cpus,
             "backends": available_backends(),
             "machine": platform.machine(),
-            "load_avg_1m": _load_avg(),
+            "load_avg_1m": load_avg(),
             "clock": "process CPU time" if args.cpu_time else "wall",
+            "allocator": use_server_allocator(),
         }
     )
     emit(_header(report.env))
@@ -543,13 +546,6 @@ def _gil_rank(case: Case) -> tuple[bool, bool, int]:
     return (case.shape == "lidar", case.voxel == 0.2, case.points)
 
 
-def _load_avg() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
-
-
 def _header(env: dict[str, Any]) -> str:
     backends = ", ".join(
         f"{k}: {'yes' if v is None else 'no (' + v + ')'}" for k, v in env["backends"].items()
@@ -557,6 +553,7 @@ def _header(env: dict[str, Any]) -> str:
     return (
         f"decimation bench: python {env['python']}, numpy {env['numpy']}, open3d {env['open3d']}, "
         f"{env['cpus']} CPUs, C threads {env['c_threads']}\nbackends: {backends}\n"
+        f"allocator: {env['allocator']}\n"
     )
 
 

@@ -10,6 +10,7 @@ Debian's ``libpcl-dev`` headers are there, and skipped with the reason otherwise
 from __future__ import annotations
 
 import glob
+import os
 import shutil
 import statistics
 import subprocess
@@ -70,6 +71,32 @@ def pcl_harness() -> tuple[Path | None, str]:
     return HARNESS_BIN, "built"
 
 
+def load_avg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def use_server_allocator() -> str:
+    """The allocator policy of ``simbridge serve`` (bridge.memtrim.tune_allocator) for this
+    process, and the same for PCL's harness (``GLIBC_TUNABLES``): the in-service rows measure
+    the service as it runs, and every method gets the same allocator. Untuned, glibc trimmed
+    and faulted in a 100k-point frame's output again on most calls."""
+    from bridge.memtrim import MMAP_THRESHOLD, TRIM_THRESHOLD, tune_allocator
+
+    if not tune_allocator():
+        return "glibc defaults (no mallopt here)"
+    _PEER_ENV["GLIBC_TUNABLES"] = (
+        f"glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:glibc.malloc.trim_threshold={TRIM_THRESHOLD}"
+    )
+    mib = f"mmap threshold {MMAP_THRESHOLD >> 20} MiB, trim {TRIM_THRESHOLD >> 20} MiB"
+    return f"as simbridge serve: glibc {mib} (PCL's harness too)"
+
+
+_PEER_ENV: dict[str, str] = {}  # environment added for the PCL harness
+
+
 def pcl_timed(
     harness: Path,
     xyz: npt.NDArray[np.float32],
@@ -94,7 +121,8 @@ def pcl_timed(
             f.flush()
             args = [str(harness), f.name, "1" if rgb is not None else "0", repr(voxel)]
             args += [str(max(3, repeats)), "cpu" if CPU_TIME["on"] else "wall"]
-            out = subprocess.run(args, check=True, capture_output=True, text=True)
+            env = {**os.environ, **_PEER_ENV}
+            out = subprocess.run(args, check=True, capture_output=True, text=True, env=env)
         seconds, count = out.stdout.split()
         return float(seconds), int(count)
 
@@ -235,7 +263,9 @@ def service_timed(
             t0 = CLOCK["now"]()
             process_frame(item, decimator, threads=threads)
             times.append(CLOCK["now"]() - t0)
-        out = pb.ProcessedFrame.FromString(process_frame(item, decimator, threads=threads)[0])  # type: ignore[arg-type]
+        result = process_frame(item, decimator, threads=threads)[0]
+        raw = result if isinstance(result, bytes) else b"".join(result)
+        out = pb.ProcessedFrame.FromString(raw)
         return sorted(times)[len(times) // 2], out.decimation.output_points
 
     return run

@@ -35,7 +35,13 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-def tune_allocator(mmap_threshold: int = 16 << 20, trim_threshold: int = 256 << 20) -> bool:
+MMAP_THRESHOLD = 16 << 20  # what tune_allocator sets by default
+TRIM_THRESHOLD = 256 << 20
+
+
+def tune_allocator(
+    mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD
+) -> bool:
     """Serve frames from the heap (no per-frame mmap) and trim only on request.
 
     Returns True when glibc accepted both settings.

@@ -18,7 +18,7 @@ from typing import cast
 from bridge import wire
 from bridge.core import BridgeCore, WorkItem
 from bridge.decimate import Decimator
-from bridge.decimate.into import cloud_parts, decimate_message, kernel_threads
+from bridge.decimate.into import cloud_parts, decimate_parts, kernel_threads
 from bridge.governor import Charge, Component, Governor
 from bridge.session import KIND_POINT_CLOUD, Stream
 from bridge.v1 import bridge_pb2 as pb
@@ -75,7 +75,7 @@ def process_frame(
         assert decimator is not None and item.layout is not None
         t0 = time.perf_counter()
         try:
-            encoded = decimate_message(
+            encoded = decimate_parts(
                 decimator,
                 item.layout,
                 cloud,
@@ -89,7 +89,7 @@ def process_frame(
         except ValueError as exc:  # e.g. voxel keys overflow int64 for this voxel size
             error = str(exc)
         else:
-            return encoded, time.perf_counter() - t0, None
+            return cast(tuple[bytes, ...], encoded), time.perf_counter() - t0, None
     info.output_points, info.backend = item.points, "passthrough"
     out.processed_time_ns = clock()
     if item.data is not None:  # spliced around the data already read out: no copy here

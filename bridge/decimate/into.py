@@ -1,18 +1,20 @@
 """Decimation inside the service at kernel speed: from the received cloud straight into the
-outgoing message, through one reusable buffer per worker thread.
+parts of the outgoing message, with no copy of the decimated cloud on the worker.
 
 Why: the generic path (``Decimator.downsample`` → ``DecimationResult.data`` → protobuf field →
-``SerializeToString``) allocates and copies the decimated cloud three to four times per frame,
+``SerializeToString``) allocated and copied the decimated cloud three to four times per frame,
 which cost 25-45 % on top of the kernel for a 100k-point frame. Here the C kernel writes into a
-per-thread ``bytearray`` (grown, never shrunk, so no allocation per frame), and the outgoing
-``ProcessedFrame`` is spliced around that buffer with one join: the only copy of the output is
-the one into the message itself. Other backends (CUDA, NumPy, or a point budget that needs the
-ladder) go through ``downsample`` and are spliced the same way.
+``bytes`` object allocated once, uninitialised, at the input's size and shrunk in place to the
+output (``_native.downsample``), and the outgoing ``ProcessedFrame`` is returned as parts around
+it (:func:`decimate_parts`): the push joins every frame of a batch into one message anyway, so
+that join is the output's only copy. (Joining the parts on the worker as well, into a message
+of its own, was a second copy of the output: ~0.1-0.25 ms of a 100k-point lidar frame's ~2.5 ms,
+most of the in-service cost above the bare kernel.) Other backends (CUDA, NumPy, or a point
+budget that needs the ladder) go through ``downsample`` and are spliced the same way.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -30,18 +32,6 @@ from bridge.wire import field_key, length_prefix
 
 _CLOUD_KEY = field_key(pb.ProcessedFrame.DESCRIPTOR, "point_cloud")
 _DATA_KEY = field_key(pb.PointCloud.DESCRIPTOR, "data")
-_local = threading.local()
-
-
-def worker_buffer(nbytes: int) -> bytearray:
-    """This thread's output buffer, at least ``nbytes`` long (reused from frame to frame)."""
-    buf: bytearray | None = getattr(_local, "buf", None)
-    if buf is None or len(buf) < nbytes:
-        buf = bytearray(max(nbytes, 2 * len(buf) if buf is not None else 0))
-        _local.buf = buf
-    return buf
-
-
 _NATIVE: list[Any] = []  # the extension module once imported (None: not built)
 
 
@@ -77,27 +67,22 @@ def _kernel_table(layout: CloudLayout) -> tuple[tuple[tuple[int, int, int], ...]
     return entry[1], entry[2]
 
 
-def decimate_into(
-    view: bytes | memoryview,
-    layout: CloudLayout,
-    voxel: float,
-    out_buffer: bytearray | memoryview,
-    threads: int = 1,
-) -> int:
-    """Decimate packed points into ``out_buffer`` (at least ``len(view)`` bytes) with the C
-    kernel; returns the number of records written at its start. Raises ``VoxelKeyOverflow`` /
-    ``ValueError`` like the backends, ``RuntimeError`` when the C extension is not built."""
+def kernel_output(
+    view: bytes | memoryview, layout: CloudLayout, voxel: float, threads: int = 1
+) -> tuple[bytes, int]:
+    """The decimated records of packed points as one ``bytes`` object, and their count, from the
+    C kernel. Raises ``VoxelKeyOverflow`` / ``ValueError`` like the backends, ``RuntimeError``
+    when the C extension is not built."""
     native = _native()
     if native is None:
-        raise RuntimeError("decimate_into needs the C extension bridge.decimate._native")
+        raise RuntimeError("kernel_output needs the C extension bridge.decimate._native")
     table, f32 = _kernel_table(layout)
     v = check_voxel_size(voxel, f32)
     try:
-        return int(
-            native.downsample_into(view, layout.stride, table, v, out_buffer, max(1, threads))
-        )
+        out, count = native.downsample(view, layout.stride, table, v, max(1, threads))
     except OverflowError as exc:
         raise VoxelKeyOverflow(str(exc)) from None
+    return out, int(count)
 
 
 def kernel_threads(workers: int, busy: int, cpus: int) -> int:
@@ -134,6 +119,37 @@ def cloud_parts(
     )
 
 
+def decimate_parts(
+    decimator: Decimator,
+    layout: CloudLayout,
+    cloud: pb.PointCloud,
+    head: pb.ProcessedFrame,
+    voxel: float,
+    max_points: int,
+    threads: int,
+    clock: Callable[[], int],
+    data: bytes | memoryview | None = None,
+) -> tuple[bytes | memoryview, ...]:
+    """The serialized ProcessedFrame for a decimated cloud, as parts to join (the decimated
+    records one of them, never copied here): ``head`` gets the decimation info and processed
+    time. ``data``: the cloud's points when the caller holds them (else read from ``cloud``).
+    Raises what the backend raises (``ValueError`` for refused frames)."""
+    if data is None:
+        data = cloud.data
+    info = head.decimation
+    out: bytes | memoryview
+    if decimator.name == "c" and max_points == 0 and _native() is not None:
+        out, count = kernel_output(data, layout, voxel, threads)
+        info.output_points, info.voxel_size, info.backend = count, float(voxel), "c"
+    else:
+        result: DecimationResult = decimator.downsample(layout, data, voxel, max_points)
+        out = result.data
+        info.output_points, info.voxel_size = result.points, result.voxel_size
+        info.backend = result.backend
+    head.processed_time_ns = clock()
+    return cloud_parts(head, cloud, out)
+
+
 def decimate_message(
     decimator: Decimator,
     layout: CloudLayout,
@@ -145,25 +161,7 @@ def decimate_message(
     clock: Callable[[], int],
     data: bytes | memoryview | None = None,
 ) -> bytes:
-    """The serialized ProcessedFrame for a decimated cloud: ``head`` gets the decimation info
-    and processed time. ``data``: the cloud's points when the caller holds them (else read from
-    ``cloud``). Raises what the backend raises (``ValueError`` for refused frames)."""
-    if data is None:
-        data = cloud.data
-    info = head.decimation
-    if decimator.name == "c" and max_points == 0 and _native() is not None:
-        buf = worker_buffer(len(data))
-        count = decimate_into(data, layout, voxel, buf, threads)
-        out: bytes | memoryview = memoryview(buf)[: count * layout.stride]
-        info.output_points, info.voxel_size, info.backend = count, float(voxel), "c"
-    else:
-        result: DecimationResult = decimator.downsample(layout, data, voxel, max_points)
-        out = result.data
-        info.output_points, info.voxel_size = result.points, result.voxel_size
-        info.backend = result.backend
-    head.processed_time_ns = clock()
-    try:
-        return encode_cloud(head, cloud, out)
-    finally:
-        if isinstance(out, memoryview):
-            out.release()
+    """:func:`decimate_parts` joined into one message."""
+    return b"".join(
+        decimate_parts(decimator, layout, cloud, head, voxel, max_points, threads, clock, data)
+    )

@@ -1,9 +1,7 @@
-"""Decimation inside the service: straight into a reused per-worker buffer, spliced into the
-outgoing ProcessedFrame (bridge/decimate/into.py)."""
+"""Decimation inside the service: the kernel's output is one of the outgoing ProcessedFrame's
+parts, never copied on the worker (bridge/decimate/into.py)."""
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import pytest
@@ -11,11 +9,11 @@ import pytest
 from bridge.cloud import make_layout
 from bridge.decimate import VoxelKeyOverflow, available_backends, get_decimator
 from bridge.decimate.into import (
-    decimate_into,
     decimate_message,
+    decimate_parts,
     encode_cloud,
+    kernel_output,
     kernel_threads,
-    worker_buffer,
 )
 from bridge.decimate.reference import downsample_packed
 from bridge.v1 import bridge_pb2 as pb
@@ -47,36 +45,34 @@ def point_cloud(data: bytes) -> pb.PointCloud:
 
 @needs_c
 @pytest.mark.parametrize("threads", [1, 2, 4])
-def test_decimate_into_equals_reference(threads: int) -> None:
+def test_kernel_output_equals_reference(threads: int) -> None:
     data = cloud_bytes(70_000)
     want, m = downsample_packed(LAYOUT, data, 0.3)
-    buf = bytearray(len(data) + 64)
-    assert decimate_into(memoryview(data), LAYOUT, 0.3, buf, threads) == m
-    assert bytes(buf[: m * 16]) == want
+    assert kernel_output(memoryview(data), LAYOUT, 0.3, threads) == (want, m)
 
 
 @needs_c
-def test_decimate_into_errors() -> None:
+def test_kernel_output_errors() -> None:
     data = cloud_bytes(100)
-    with pytest.raises(ValueError, match="out has"):
-        decimate_into(data, LAYOUT, 0.3, bytearray(10))
+    with pytest.raises(ValueError, match="multiple of stride"):
+        kernel_output(data[:-3], LAYOUT, 0.3)
     huge = np.full((4, 4), 3e38, dtype=np.float32).tobytes()
     with pytest.raises(VoxelKeyOverflow):
-        decimate_into(huge, LAYOUT, 1e-30, bytearray(len(huge)))
+        kernel_output(huge, LAYOUT, 1e-30)
     with pytest.raises(ValueError, match="voxel_size"):
-        decimate_into(data, LAYOUT, 0.0, bytearray(len(data)))
+        kernel_output(data, LAYOUT, 0.0)
 
 
-def test_worker_buffer_is_reused_per_thread() -> None:
-    a = worker_buffer(100)
-    assert worker_buffer(50) is a
-    bigger = worker_buffer(1000)
-    assert len(bigger) >= 1000 and worker_buffer(10) is bigger
-    seen: list[bytearray] = []
-    t = threading.Thread(target=lambda: seen.append(worker_buffer(10)))
-    t.start()
-    t.join()
-    assert seen[0] is not bigger
+@needs_c
+def test_the_decimated_cloud_is_a_part_of_its_own_not_copied_into_a_message() -> None:
+    """The push joins a batch's parts into one message: that is the output's only copy."""
+    data = cloud_bytes(20_000, 5)
+    head = pb.ProcessedFrame(stream_id="s", seq=1)
+    parts = decimate_parts(get_decimator("c"), LAYOUT, point_cloud(data), head, 0.3, 0, 1, int)
+    want, _ = downsample_packed(LAYOUT, data, 0.3)
+    assert parts[-1] == want and isinstance(parts[-1], bytes)
+    assert max(len(p) for p in parts[:-1]) < 100  # headers only
+    assert pb.ProcessedFrame.FromString(b"".join(parts)).point_cloud.data == want
 
 
 @pytest.mark.parametrize("backend", ["c", "numpy"])
