@@ -92,17 +92,12 @@ def kernel_threads(workers: int, busy: int, cpus: int) -> int:
     return max(1, min(idle, cpus))
 
 
-def encode_cloud(head: pb.ProcessedFrame, cloud: pb.PointCloud, data: bytes | memoryview) -> bytes:
-    """``head`` (a ProcessedFrame without point_cloud) plus ``cloud``'s metadata and ``data``,
-    serialized with one copy of ``data``."""
-    return b"".join(cloud_parts(head, cloud, data))
-
-
 def cloud_parts(
     head: pb.ProcessedFrame, cloud: pb.PointCloud, data: bytes | memoryview
 ) -> tuple[bytes | memoryview, ...]:
-    """:func:`encode_cloud` before the join (``data`` is not copied; ``cloud.data`` is never
-    read, so ``cloud`` may be a frame's metadata only)."""
+    """``head`` (a ProcessedFrame without point_cloud) plus ``cloud``'s metadata and ``data``,
+    serialized as parts to join (``data`` is not copied; ``cloud.data`` is never read, so
+    ``cloud`` may be a frame's metadata only)."""
     meta = pb.PointCloud(point_stride=cloud.point_stride, frame_id=cloud.frame_id)
     meta.fields.extend(cloud.fields)
     if cloud.HasField("pose"):
@@ -148,20 +143,3 @@ def decimate_parts(
         info.backend = result.backend
     head.processed_time_ns = clock()
     return cloud_parts(head, cloud, out)
-
-
-def decimate_message(
-    decimator: Decimator,
-    layout: CloudLayout,
-    cloud: pb.PointCloud,
-    head: pb.ProcessedFrame,
-    voxel: float,
-    max_points: int,
-    threads: int,
-    clock: Callable[[], int],
-    data: bytes | memoryview | None = None,
-) -> bytes:
-    """:func:`decimate_parts` joined into one message."""
-    return b"".join(
-        decimate_parts(decimator, layout, cloud, head, voxel, max_points, threads, clock, data)
-    )

@@ -8,13 +8,7 @@ import pytest
 
 from bridge.cloud import make_layout
 from bridge.decimate import VoxelKeyOverflow, available_backends, get_decimator
-from bridge.decimate.into import (
-    decimate_message,
-    decimate_parts,
-    encode_cloud,
-    kernel_output,
-    kernel_threads,
-)
+from bridge.decimate.into import cloud_parts, decimate_parts, kernel_output, kernel_threads
 from bridge.decimate.reference import downsample_packed
 from bridge.v1 import bridge_pb2 as pb
 
@@ -77,15 +71,15 @@ def test_the_decimated_cloud_is_a_part_of_its_own_not_copied_into_a_message() ->
 
 @pytest.mark.parametrize("backend", ["c", "numpy"])
 @pytest.mark.parametrize("max_points", [0, 500])
-def test_decimate_message_equals_protobuf_encoding(backend: str, max_points: int) -> None:
+def test_decimate_parts_join_to_the_protobuf_encoding(backend: str, max_points: int) -> None:
     if available_backends()[backend] is not None:
         pytest.skip(f"{backend} unavailable")
     data = cloud_bytes(20_000, 3)
     cloud = point_cloud(data)
     head = pb.ProcessedFrame(stream_id="s", seq=7, device_id="d")
     head.decimation.input_points = 20_000
-    raw = decimate_message(
-        get_decimator(backend), LAYOUT, cloud, head, 0.3, max_points, 2, lambda: 123
+    raw = b"".join(
+        decimate_parts(get_decimator(backend), LAYOUT, cloud, head, 0.3, max_points, 2, lambda: 123)
     )
     got = pb.ProcessedFrame.FromString(raw)
     ref = get_decimator("numpy").downsample(LAYOUT, data, 0.3, max_points)
@@ -98,12 +92,12 @@ def test_decimate_message_equals_protobuf_encoding(backend: str, max_points: int
     assert got == want  # field order on the wire may differ; parsers accept any order
 
 
-def test_encode_cloud_matches_serializer_with_memoryview() -> None:
+def test_cloud_parts_match_the_serializer_with_memoryview() -> None:
     data = cloud_bytes(10)
     head = pb.ProcessedFrame(stream_id="a", seq=1)
     want = pb.ProcessedFrame(stream_id="a", seq=1)
     want.point_cloud.CopyFrom(point_cloud(data))
-    raw = encode_cloud(head, point_cloud(b""), memoryview(data))
+    raw = b"".join(cloud_parts(head, point_cloud(b""), memoryview(data)))
     assert pb.ProcessedFrame.FromString(raw) == want
 
 
