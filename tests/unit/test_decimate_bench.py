@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from benchmarks import decimate_peers
 from benchmarks.decimate import lidar_like, main, synthetic_case, uniform
 from benchmarks.decimate_peers import pcl_harness, pcl_timed
 
@@ -67,6 +71,31 @@ def test_pcl_harness_builds_or_says_why() -> None:
     seconds, count = pcl_timed(harness, xyz, None, 0.5, 3)()
     ours = synthetic_xyz_count(xyz, 0.5)
     assert seconds > 0 and abs(count - ours) <= max(3, ours // 100)  # float32 1/v on faces
+
+
+def test_pcl_input_is_written_once_and_removed_with_its_runner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Interleaved rounds call the runner many times: the cloud goes to disk once."""
+    harness, why = pcl_harness()
+    if harness is None:
+        pytest.skip(why)
+    made: list[str] = []
+    real = tempfile.NamedTemporaryFile
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        handle = real(*args, **kwargs)
+        made.append(handle.name)
+        return handle
+
+    monkeypatch.setattr(decimate_peers.tempfile, "NamedTemporaryFile", spy)
+    xyz = np.random.default_rng(2).normal(0, 2, (3000, 3)).astype(np.float32)
+    run = pcl_timed(harness, xyz, None, 0.5, 3)
+    assert run()[1] == run()[1] > 0
+    assert len(made) == 1 and Path(made[0]).exists()
+    del run
+    gc.collect()
+    assert not Path(made[0]).exists()
 
 
 def synthetic_xyz_count(xyz: np.ndarray, voxel: float) -> int:
