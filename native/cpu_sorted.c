@@ -69,20 +69,26 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
     const v4i tr = __builtin_convertvector(q, v4i);                                               \
     const v4u u = (v4u)tr + (v4u)(__builtin_convertvector(tr, v4f) > q) - km;                     \
     const uint64_t ITEM = ((((uint64_t)u[0] << by | u[1]) << bz | u[2]) << ib) | ((uint64_t)(I) << lb)
-/* a new run where the key changes or the index is a multiple of 2^lb: the open one is written
- * (a store that is overwritten when no run starts), else the open run grows by one */
+/* item X, which starts a run when ST is 1: the open run is written (a store that is overwritten
+ * when no run starts) and X opens the next, else the open run grows by one */
+#define EMIT(X, ST)                                                                               \
+    do {                                                                                          \
+        const uint64_t st_ = (ST);                                                                \
+        *dst = cur;                                                                               \
+        dst += st_;                                                                               \
+        ha[((X) >> top_shift)] += (uint32_t)st_;                                                  \
+        uint32_t *sw_ = ha;                                                                       \
+        ha = hb;                                                                                  \
+        hb = sw_;                                                                                 \
+        cur = SBV_UNPREDICTABLE(st_) ? (X) : cur + 1;                                             \
+    } while (0)
+/* a new run where the key changes or the index is a multiple of 2^lb */
 #define RUN(X, I)                                                                                 \
     do {                                                                                          \
         const uint64_t x_ = (X);                                                                  \
         const uint64_t start_ = (((x_ ^ prev) >> ib) != 0) | (((I) & lm) == 0);                   \
         prev = x_;                                                                                \
-        *dst = cur;                                                                               \
-        dst += start_;                                                                            \
-        ha[(x_ >> top_shift)] += (uint32_t)start_;                                               \
-        uint32_t *sw_ = ha;                                                                       \
-        ha = hb;                                                                                  \
-        hb = sw_;                                                                                 \
-        cur = SBV_UNPREDICTABLE(start_) ? x_ : cur + 1;                                           \
+        EMIT(x_, start_);                                                                         \
     } while (0)
 #define ONE(I, REC)                                                                               \
     do {                                                                                          \
@@ -158,16 +164,7 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
             prev = x3;
             const uint64_t xs[4] = {x0, (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(i01, i01)),
                                     (uint64_t)_mm_cvtsi128_si64(i23), x3};
-            for (int j = 0; j < 4; j++) {
-                const uint64_t st = (starts >> j) & 1u;
-                *dst = cur;
-                dst += st;
-                ha[(xs[j] >> top_shift)] += (uint32_t)st;
-                uint32_t *sw = ha;
-                ha = hb;
-                hb = sw;
-                cur = SBV_UNPREDICTABLE(st) ? xs[j] : cur + 1;
-            }
+            for (int j = 0; j < 4; j++) EMIT(xs[j], (starts >> j) & 1u);
         } else {
             _mm_storeu_si128((__m128i *)(void *)dst, i01);
             _mm_storeu_si128((__m128i *)(void *)(dst + 2), i23);
@@ -182,6 +179,7 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
     for (; i < hi; i++, rec += stride) ONE(i, rec);
 #undef ONE
 #undef RUN
+#undef EMIT
 #undef ITEM1
     if (rle) *dst++ = cur; /* the last run */
     return dst;
