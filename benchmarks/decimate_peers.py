@@ -79,6 +79,9 @@ def load_avg() -> float | None:
         return None
 
 
+_PEER_ENV: dict[str, str] = {}  # environment added for the PCL harness (use_server_allocator)
+
+
 def use_server_allocator() -> str:
     """The allocator policy of ``simbridge serve`` (bridge.memtrim.tune_allocator) for this
     process, and the same for PCL's harness (``GLIBC_TUNABLES``): the in-service rows measure
@@ -93,9 +96,6 @@ def use_server_allocator() -> str:
     )
     mib = f"mmap threshold {MMAP_THRESHOLD >> 20} MiB, trim {TRIM_THRESHOLD >> 20} MiB"
     return f"as simbridge serve: glibc {mib} (PCL's harness too)"
-
-
-_PEER_ENV: dict[str, str] = {}  # environment added for the PCL harness
 
 
 def pcl_timed(

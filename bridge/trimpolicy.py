@@ -13,7 +13,7 @@ sat unused for ``idle_seconds`` (a burst has ended: give the memory back).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 OVER_BUDGET = "over budget"
 IDLE = "idle"
@@ -28,8 +28,8 @@ class HeapTrimPolicy:
     slack_bytes: int
     idle_seconds: float
     min_interval_seconds: float = 1.0
-    _last_trim: float | None = None
-    _excess_since: float | None = None
+    _last_trim: float | None = field(default=None, init=False, repr=False)
+    _excess_since: float | None = field(default=None, init=False, repr=False)
 
     def decide(self, now: float, rss: int, baseline: int, charged: int, budget: int) -> str | None:
         """The reason to trim now (``OVER_BUDGET`` or ``IDLE``), or None."""
