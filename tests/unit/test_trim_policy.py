@@ -58,3 +58,10 @@ def test_a_planned_shrink_trim_counts_for_the_interval_and_the_idle_clock() -> N
     assert p.decide(10.0, rss, BASE, 100 * MiB, BUDGET) is None  # 10 s since the excess began
     assert p.decide(19.5, rss, BASE, 100 * MiB, BUDGET) is None  # 9.5 s since the trim
     assert p.decide(20.0, rss, BASE, 100 * MiB, BUDGET) == IDLE
+
+
+def test_any_excess_past_the_budget_is_trimmed_at_once() -> None:
+    # A shrink lowers the budget under what the heap holds: no further slack past the budget
+    # (an earlier draft allowed one, and RSS stayed 16 MB above the new limit in CI).
+    p = policy()
+    assert p.decide(0.0, BASE + BUDGET + 10 * MiB, BASE, 300 * MiB, BUDGET) == OVER_BUDGET
