@@ -297,10 +297,16 @@ class BridgeService:
                 self._baseline_rss,
                 self.governor.total_bytes,
                 self.governor.budget_bytes,
+                self._planned_memory_limit(),
             ):
                 # Frames were freed but their pages stay in the heap: give them back.
                 await asyncio.to_thread(release_free_heap)
             await asyncio.sleep(0.25)
+
+    def _planned_memory_limit(self) -> int | None:
+        """The memory limit the current plan is sized for (a held decrease included)."""
+        plan = self.adapter.plan if self.adapter is not None else None
+        return plan.memory_limit_bytes if plan is not None else None
 
     def request_stop(self) -> None:
         self._stop.set()

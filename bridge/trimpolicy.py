@@ -13,6 +13,12 @@ unused for ``idle_seconds`` (a burst has ended: give the memory back). Past the 
 the old rule exactly, so the process never holds more than it did; an earlier draft let free
 pages go a further ``slack_bytes`` past the budget, and a shrink to a quarter of the limit then
 left RSS 16 MB above the new limit in CI.
+
+Resident memory above the memory limit the plan is sized for (typically a decrease the node holds
+while usage is above it, announced through ``memory.high`` or the Pod's spec) is trimmed at once
+as well, at most once a second, whatever the slack: the node lowers the limit only once usage
+falls under it, and a single trim after the ring drained left RSS a few hundred KiB above it
+while new frames reused and grew the heap (CI: a held decrease unresolved after 4 s).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 OVER_BUDGET = "over budget"
+OVER_LIMIT = "over the memory limit"
 IDLE = "idle"
 
 
@@ -35,8 +42,22 @@ class HeapTrimPolicy:
     _last_trim: float | None = field(default=None, init=False, repr=False)
     _excess_since: float | None = field(default=None, init=False, repr=False)
 
-    def decide(self, now: float, rss: int, baseline: int, charged: int, budget: int) -> str | None:
-        """The reason to trim now (``OVER_BUDGET`` or ``IDLE``), or None."""
+    def decide(
+        self,
+        now: float,
+        rss: int,
+        baseline: int,
+        charged: int,
+        budget: int,
+        limit: int | None = None,
+    ) -> str | None:
+        """The reason to trim now (``OVER_LIMIT``, ``OVER_BUDGET`` or ``IDLE``), or None.
+        ``limit``: the memory limit the plan is sized for (None: unlimited)."""
+        if limit is not None and rss > limit:
+            if self._last_trim is not None and now - self._last_trim < self.min_interval_seconds:
+                return None
+            self.trimmed(now)
+            return OVER_LIMIT
         held = rss - baseline
         if held - charged <= self.slack_bytes:
             self._excess_since = None

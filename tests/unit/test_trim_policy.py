@@ -3,7 +3,7 @@ only once it has sat unused; past the budget it is trimmed at once, at most once
 
 from __future__ import annotations
 
-from bridge.trimpolicy import IDLE, OVER_BUDGET, HeapTrimPolicy
+from bridge.trimpolicy import IDLE, OVER_BUDGET, OVER_LIMIT, HeapTrimPolicy
 
 MiB = 1 << 20
 BASE = 60 * MiB
@@ -65,3 +65,20 @@ def test_any_excess_past_the_budget_is_trimmed_at_once() -> None:
     # (an earlier draft allowed one, and RSS stayed 16 MB above the new limit in CI).
     p = policy()
     assert p.decide(0.0, BASE + BUDGET + 10 * MiB, BASE, 300 * MiB, BUDGET) == OVER_BUDGET
+
+
+def test_above_the_planned_limit_the_heap_is_trimmed_every_second_whatever_the_slack() -> None:
+    # Seen in CI: a decrease held at 93 MiB while RSS sat at 93-94 MiB with 781 KiB in the ring;
+    # the free heap was far below the slack, and one trim after the drain was not enough.
+    p = policy()
+    limit = 93 * MiB
+    rss = limit + 700 * 1024
+    got = [p.decide(t * 0.25, rss, 85 * MiB, MiB, 2 * MiB, limit) for t in range(9)]
+    assert got == [OVER_LIMIT, None, None, None, OVER_LIMIT, None, None, None, OVER_LIMIT]
+    assert p.decide(3.0, limit - 1, 85 * MiB, MiB, 2 * MiB, limit) is None  # under it: as before
+
+
+def test_an_unlimited_plan_changes_nothing() -> None:
+    p = policy()
+    rss = BASE + 365 * MiB + 50 * MiB
+    assert [p.decide(t * 0.25, rss, BASE, 365 * MiB, BUDGET, None) for t in range(8)] == [None] * 8
