@@ -8,8 +8,9 @@ restart proves nothing.
 ``local``
     The bridge runs as a child process with ``BRIDGE_CGROUP_ROOT`` pointing at a directory laid
     out like a container's cgroup v2 view, which this module writes: ``cpu.max``, ``memory.max``
-    and ``memory.current`` (the child's RSS from ``/proc/PID/statm``, refreshed every 100 ms, so
-    a memory decrease meets the usage it would meet on a node). CPU is additionally throttled
+    and ``memory.current`` (the child's RSS from ``/proc/PID/statm``, refreshed every 100 ms and
+    read live where this driver compares it, so a memory decrease meets the usage it would meet
+    on a node). CPU is additionally throttled
     for real through a cgroup CPU controller when one is writable (:class:`CpuThrottle`:
     v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``; as root); otherwise the report says
     "simulated only". Memory limits are never enforced, only announced.
@@ -252,8 +253,12 @@ class LocalBackend:
             await asyncio.sleep(0.1)
 
     def usage(self) -> int:
-        """``memory.current`` as the node sees it: the mirrored RSS (refreshed every 100 ms),
-        the same value kubesim's kubelet compares a decrease with."""
+        """``memory.current`` as the node sees it: the bridge's RSS read now (and mirrored into
+        the file, which kubesim's kubelet compares a decrease with). A real ``memory.current``
+        is live: a dip that lasts 100 ms must not hide between two mirror refreshes."""
+        if self.pid is not None and (rss := rss_bytes(self.pid)):
+            self.dir.set_memory_usage(rss)
+            return rss
         return self.dir.memory_usage()
 
     # -- writing ---------------------------------------------------------------------------

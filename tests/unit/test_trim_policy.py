@@ -67,14 +67,15 @@ def test_any_excess_past_the_budget_is_trimmed_at_once() -> None:
     assert p.decide(0.0, BASE + BUDGET + 10 * MiB, BASE, 300 * MiB, BUDGET) == OVER_BUDGET
 
 
-def test_above_the_planned_limit_the_heap_is_trimmed_every_second_whatever_the_slack() -> None:
+def test_above_the_planned_limit_the_heap_is_trimmed_on_every_call_whatever_the_slack() -> None:
     # Seen in CI: a decrease held at 93 MiB while RSS sat at 93-94 MiB with 781 KiB in the ring;
-    # the free heap was far below the slack, and one trim after the drain was not enough.
+    # the free heap was far below the slack, and frames in flight grow it back within 250 ms.
     p = policy()
     limit = 93 * MiB
     rss = limit + 700 * 1024
-    got = [p.decide(t * 0.25, rss, 85 * MiB, MiB, 2 * MiB, limit) for t in range(9)]
-    assert got == [OVER_LIMIT, None, None, None, OVER_LIMIT, None, None, None, OVER_LIMIT]
+    assert [p.decide(t * 0.25, rss, 85 * MiB, MiB, 2 * MiB, limit) for t in range(6)] == [
+        OVER_LIMIT
+    ] * 6
     assert p.decide(3.0, limit - 1, 85 * MiB, MiB, 2 * MiB, limit) is None  # under it: as before
 
 
