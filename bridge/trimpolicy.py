@@ -35,13 +35,16 @@ IDLE = "idle"
 class HeapTrimPolicy:
     """``slack_bytes``: how far resident memory may exceed baseline + charged data before the
     free heap counts; ``idle_seconds``: how long such an excess may last below the budget;
-    ``min_interval_seconds``: trims never come closer together than this."""
+    ``min_interval_seconds``: trims never come closer together than this, except in the first
+    ``idle_seconds`` above the planned memory limit (a limit RSS cannot get under, such as one
+    below the libraries' resident pages, then costs one trim a second, not four)."""
 
     slack_bytes: int
     idle_seconds: float
     min_interval_seconds: float = 1.0
     _last_trim: float | None = field(default=None, init=False, repr=False)
     _excess_since: float | None = field(default=None, init=False, repr=False)
+    _over_limit_since: float | None = field(default=None, init=False, repr=False)
 
     def decide(
         self,
@@ -55,8 +58,17 @@ class HeapTrimPolicy:
         """The reason to trim now (``OVER_LIMIT``, ``OVER_BUDGET`` or ``IDLE``), or None.
         ``limit``: the memory limit the plan is sized for (None: unlimited)."""
         if limit is not None and rss > limit:
+            if self._over_limit_since is None:
+                self._over_limit_since = now
+            if (
+                now - self._over_limit_since >= self.idle_seconds
+                and self._last_trim is not None
+                and now - self._last_trim < self.min_interval_seconds
+            ):
+                return None
             self.trimmed(now)
             return OVER_LIMIT
+        self._over_limit_since = None
         held = rss - baseline
         if held - charged <= self.slack_bytes:
             self._excess_since = None

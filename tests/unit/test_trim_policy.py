@@ -79,6 +79,16 @@ def test_above_the_planned_limit_the_heap_is_trimmed_on_every_call_whatever_the_
     assert p.decide(3.0, limit - 1, 85 * MiB, MiB, 2 * MiB, limit) is None  # under it: as before
 
 
+def test_a_limit_that_stays_out_of_reach_costs_one_trim_a_second_after_the_idle_period() -> None:
+    p = policy()
+    limit = 60 * MiB  # e.g. below the libraries' resident pages: no trim gets RSS under it
+    got = [p.decide(t * 0.25, limit + MiB, 85 * MiB, MiB, 2 * MiB, limit) for t in range(48)]
+    assert got[:40] == [OVER_LIMIT] * 40  # the first 10 s: every pass
+    assert got[40:] == [None, None, None, OVER_LIMIT] * 2  # then once a second
+    assert p.decide(12.0, limit - 1, 85 * MiB, MiB, 2 * MiB, limit) is None
+    assert p.decide(12.25, limit + MiB, 85 * MiB, MiB, 2 * MiB, limit) == OVER_LIMIT  # anew
+
+
 def test_an_unlimited_plan_changes_nothing() -> None:
     p = policy()
     rss = BASE + 365 * MiB + 50 * MiB
