@@ -16,10 +16,11 @@ left RSS 16 MB above the new limit in CI.
 
 Resident memory above the memory limit the plan is sized for (typically a decrease the node holds
 while usage is above it, announced through ``memory.high`` or the Pod's spec) is trimmed on every
-call for ``idle_seconds``, then at most once a second, whatever the slack: the node lowers the limit only once usage falls under it, and frames in
-flight grow the heap back by some MiB within 250 ms of a trim, so one trim after the ring drained
-(or one a second) left RSS above it for a whole 4 s hold in CI. Above ``memory.high`` the kernel
-also throttles the process by reclaim, so the page faults this costs are the cheaper side.
+call for ``idle_seconds``, then at most once a second, whatever the slack: the node lowers the
+limit only once usage falls under it, and frames in flight grow the heap back by some MiB within
+250 ms of a trim, so one trim after the ring drained (or one a second) left RSS above it for a
+whole 4 s hold in CI. Above ``memory.high`` the kernel also throttles the process by reclaim, so
+the page faults this costs are the cheaper side.
 """
 
 from __future__ import annotations
