@@ -31,6 +31,7 @@ class NumpyDecimator:
         data: bytes | memoryview,
         voxel_size: float,
         max_points: int = 0,
+        threads: int = 0,
     ) -> DecimationResult:
         return run_with_budget(
             self.name,

@@ -58,7 +58,12 @@ class GpuBatcher:
         self.batch_points = max(0, int(points))
 
     def downsample(
-        self, layout: CloudLayout, data: bytes | memoryview, voxel_size: float, max_points: int = 0
+        self,
+        layout: CloudLayout,
+        data: bytes | memoryview,
+        voxel_size: float,
+        max_points: int = 0,
+        threads: int = 0,
     ) -> DecimationResult:
         if self.batch_points <= 0 or max_points:
             return self.cpu.downsample(layout, data, voxel_size, max_points)

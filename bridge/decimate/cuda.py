@@ -161,6 +161,7 @@ class CudaDecimator:
         data: bytes | memoryview,
         voxel_size: float,
         max_points: int = 0,
+        threads: int = 0,
     ) -> DecimationResult:
         table = field_table(check_layout(layout))
         fields = (_Field * len(table))(*(_Field(*row) for row in table))

@@ -29,12 +29,14 @@ class CDecimator:
         data: bytes | memoryview,
         voxel_size: float,
         max_points: int = 0,
+        threads: int = 0,
     ) -> DecimationResult:
         table = field_table(check_layout(layout))
+        threads = threads or self.threads
 
         def run(buf: bytes | memoryview, v: float) -> tuple[bytes, int]:
             try:
-                return _native.downsample(buf, layout.stride, table, v, self.threads)
+                return _native.downsample(buf, layout.stride, table, v, threads)
             except OverflowError as exc:
                 raise VoxelKeyOverflow(str(exc)) from None
 

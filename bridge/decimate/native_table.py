@@ -7,11 +7,13 @@ native/simbridge_voxel.h.
 from __future__ import annotations
 
 from bridge.cloud import XYZ, CloudLayout
+from bridge.decimate._types import per_layout
 
 #: Field roles in the kernel's field table (native/simbridge_voxel.h, ``SBV_ROLE_*``).
 ROLE_VALUE, ROLE_COLOR, ROLE_X, ROLE_Y, ROLE_Z = 0, 1, 2, 3, 4
 
 
+@per_layout
 def field_table(layout: CloudLayout) -> tuple[tuple[int, int, int], ...]:
     """(offset, type code, role) per field, as the C ABI takes them."""
     axis_role = {a: ROLE_X + i for i, a in enumerate(XYZ)}

@@ -20,7 +20,12 @@ class FakeCuda:
         self._inner = get_decimator("numpy")
 
     def downsample(
-        self, layout: CloudLayout, data: bytes | memoryview, voxel_size: float, max_points: int = 0
+        self,
+        layout: CloudLayout,
+        data: bytes | memoryview,
+        voxel_size: float,
+        max_points: int = 0,
+        threads: int = 0,
     ) -> DecimationResult:
         self.calls += 1
         return self._inner.downsample(layout, data, voxel_size, max_points)

@@ -63,7 +63,12 @@ class Gate:
         self.fail_points = fail_seq_points
 
     def downsample(
-        self, layout: object, data: bytes | memoryview, voxel_size: float, max_points: int = 0
+        self,
+        layout: object,
+        data: bytes | memoryview,
+        voxel_size: float,
+        max_points: int = 0,
+        threads: int = 0,
     ) -> DecimationResult:
         with self._lock:
             self.calls += 1
