@@ -424,17 +424,22 @@ class BridgeCore:
         before the clouds that were queued with it. A lane passed over ``LANE_BURST`` times in
         a row goes first once: an edge that declares everything ``control`` cannot starve the
         other edges' bulk streams (lower lanes keep at least 1 pick in ``LANE_BURST + 1``)."""
+        if not self._queued:  # the common miss (called until it returns None): no work at all
+            return None
+        queues = self._work_queues
         skipped = self._lane_skipped
         order: tuple[int, ...] = (0, 1, 2)
         if max(skipped) >= LANE_BURST:
             starved = max(range(3), key=lambda lane: skipped[lane])
             order = (starved, *(lane for lane in order if lane != starved))
         for lane in order:
-            item = self._take_from(self._work_queues[lane], accept)
+            if not queues[lane]:
+                continue
+            item = self._take_from(queues[lane], accept)
             if item is not None:
                 for other in range(3):
                     skipped[other] = (
-                        0 if other == lane or not self._work_queues[other] else (skipped[other] + 1)
+                        0 if other == lane or not queues[other] else (skipped[other] + 1)
                     )
                 return item
         return None

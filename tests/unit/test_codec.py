@@ -132,6 +132,32 @@ def test_cloud_layout_uses_the_cache_only_for_the_same_layout() -> None:
         codec.cloud_layout(cloud, LIMITS, (key, layout))
 
 
+@pytest.mark.parametrize("change", ["name", "type", "stride", "one more field", "one fewer field"])
+def test_cloud_layout_cache_misses_on_any_change_of_the_layout(change: str) -> None:
+    def xyzi() -> pb.PointCloud:
+        fields = [
+            pb.PackedField(name=a, offset=4 * i, type=pb.FLOAT32) for i, a in enumerate("xyz")
+        ]
+        fields.append(pb.PackedField(name="intensity", offset=12, type=pb.FLOAT32))
+        return pb.PointCloud(point_stride=20, fields=fields, data=b"\x00" * 40)
+
+    layout, _, key = codec.cloud_layout(xyzi(), LIMITS)
+    cloud = xyzi()
+    if change == "name":
+        cloud.fields[3].name = "reflectivity"
+    elif change == "type":
+        cloud.fields[3].type = pb.UINT32
+    elif change == "stride":
+        cloud.point_stride = 40
+    elif change == "one more field":
+        cloud.fields.append(pb.PackedField(name="ring", offset=16, type=pb.UINT8))
+    else:
+        del cloud.fields[3]
+    fresh, _, fresh_key = codec.cloud_layout(cloud, LIMITS, (key, layout))
+    assert fresh is not layout and fresh != layout
+    assert fresh_key == codec.layout_key(cloud) != key
+
+
 # -- large clouds split without parsing their points --------------------------------------------
 
 _names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=8)
