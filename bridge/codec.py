@@ -208,17 +208,6 @@ def layout_key(cloud: pb.PointCloud) -> LayoutKey:
     return cloud.point_stride, tuple((f.name, f.offset, int(f.type)) for f in cloud.fields)
 
 
-def _same_layout(cloud: pb.PointCloud, key: LayoutKey) -> bool:
-    """``layout_key(cloud) == key`` without building the key (every frame of a stream asks)."""
-    stride, fields = key
-    if cloud.point_stride != stride or len(cloud.fields) != len(fields):
-        return False
-    for field, (name, offset, type_) in zip(cloud.fields, fields, strict=True):
-        if field.offset != offset or field.type != type_ or field.name != name:
-            return False
-    return True
-
-
 def cloud_layout(
     cloud: pb.PointCloud,
     limits: Limits,
@@ -231,10 +220,10 @@ def cloud_layout(
     when the caller already holds the data: the protobuf runtime copies a bytes field on every
     access, which costs at 1 MB per frame.
     """
-    if cached is not None and _same_layout(cloud, cached[0]):
-        key, layout = cached
+    key = layout_key(cloud)
+    if cached is not None and cached[0] == key:
+        layout = cached[1]
     else:
-        key = layout_key(cloud)
         layout = make_layout(key[0], list(key[1]))
     size = len(cloud.data) if nbytes is None else nbytes
     return layout, point_count(layout, size, limits.max_points), key
