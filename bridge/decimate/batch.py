@@ -23,6 +23,7 @@ class _Job:
     data: bytes | memoryview
     voxel: float
     points: int
+    threads: int  # kernel threads the plan gave this frame, for a CPU fallback
     done: threading.Event = field(default_factory=threading.Event)
     result: DecimationResult | Exception | None = None
 
@@ -66,8 +67,8 @@ class GpuBatcher:
         threads: int = 0,
     ) -> DecimationResult:
         if self.batch_points <= 0 or max_points:
-            return self.cpu.downsample(layout, data, voxel_size, max_points)
-        job = _Job(layout, data, float(voxel_size), len(data) // layout.stride)
+            return self.cpu.downsample(layout, data, voxel_size, max_points, threads)
+        job = _Job(layout, data, float(voxel_size), len(data) // layout.stride, threads)
         with self._lock:
             batch = self._open
             lead = batch is None or batch.closed or batch.layout != layout
@@ -100,7 +101,7 @@ class GpuBatcher:
             results = []
             for j in batch.jobs:
                 try:
-                    results.append(self.cpu.downsample(j.layout, j.data, j.voxel))
+                    results.append(self.cpu.downsample(j.layout, j.data, j.voxel, 0, j.threads))
                 except Exception as cpu_exc:
                     results.append(cpu_exc)
             del exc

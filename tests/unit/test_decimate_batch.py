@@ -89,6 +89,30 @@ def test_zero_batch_points_and_device_failure_fall_back_to_cpu() -> None:
     assert broken.downsample(XYZ, frame(3), 0.5).backend == "numpy"
 
 
+class ThreadsSeen:
+    """A CPU decimator that notes the kernel threads each frame was given."""
+
+    name = "numpy"
+
+    def __init__(self) -> None:
+        self.ref = get_decimator("numpy")
+        self.threads: list[int] = []
+
+    def downsample(
+        self, layout: CloudLayout, data: bytes, voxel: float, max_points: int = 0, threads: int = 0
+    ) -> DecimationResult:
+        self.threads.append(threads)
+        return self.ref.downsample(layout, data, voxel, max_points)
+
+
+def test_cpu_fallbacks_keep_the_frames_kernel_threads() -> None:
+    cpu = ThreadsSeen()
+    GpuBatcher(RecordingGpu(), cpu, batch_points=0).downsample(XYZ, frame(6), 0.5, threads=3)
+    broken = GpuBatcher(RecordingGpu(fail=True), cpu, batch_points=100, max_wait_s=0.0)
+    broken.downsample(XYZ, frame(7), 0.5, threads=2)
+    assert cpu.threads == [3, 2]
+
+
 def test_per_frame_errors_stay_with_their_frame() -> None:
     batcher = GpuBatcher(RecordingGpu(), get_decimator("numpy"), batch_points=10**9, max_wait_s=0.2)
     bad = np.full((3, 3), 3e38, dtype=np.float32).tobytes()
