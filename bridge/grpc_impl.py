@@ -180,6 +180,9 @@ def build_server(
             # what each call is charged (see connect).
             ("grpc.http2.bdp_probe", 0),
             ("grpc.http2.lookahead_bytes", settings.grpc_window_bytes),
+            # gRPC sets SO_REUSEPORT unless told not to: a second bridge on this port would then
+            # start and take a share of the connections (and of reconnecting edges' sessions).
+            ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
         ]
     )
     viewer_token = settings.viewer_token or settings.auth_token

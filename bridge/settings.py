@@ -35,6 +35,10 @@ class Settings:
     ws_port: int = 8080
     grpc_port: int = 9090
     http_port: int = 9100
+    # SO_REUSEPORT on the WebSocket and gRPC listeners: off, so a second process on the same
+    # ports fails to start instead of silently taking half of the connections (gRPC's own
+    # default is on); on only for several ingest processes sharing ports (docs/scaling.md).
+    reuse_port: bool = False
     # Limits
     max_frame_bytes: int = 16 * MiB
     max_points: int = 4_000_000

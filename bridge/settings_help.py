@@ -13,6 +13,8 @@ HELP: dict[str, str] = {
     "ws_port": "WebSocket ingest port (path /v1/ingest); 0 picks a free port",
     "grpc_port": "gRPC port: Ingest, Visualization.Subscribe, grpc.health.v1; 0 picks a free port",
     "http_port": "HTTP port: /metrics, /healthz, /readyz, /debug/resources; 0 picks a free port",
+    "reuse_port": "let several processes bind the same WebSocket and gRPC ports (SO_REUSEPORT; "
+    "off: a port in use is a startup error, for gRPC too)",
     "max_frame_bytes": "largest message accepted on either transport, in bytes",
     "max_points": "most points in one cloud",
     "max_streams_per_session": "most streams one edge may declare in its Hello",

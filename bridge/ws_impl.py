@@ -300,4 +300,5 @@ async def start_ws_server(
         ping_timeout=settings.ping_timeout_seconds,
         close_timeout=2.0,
         ssl=server_ssl_context(settings),
+        reuse_port=settings.reuse_port,
     )
