@@ -159,6 +159,7 @@ class BenchConfig:
     window: int = 8
     batch: int = 16  # frames per message in the bridgeB-* cells
     bridge_args: Sequence[str] = ()  # extra ``simbridge serve`` flags (to try a setting)
+    bridge_procs: int = 1  # >1: that many bridge processes share the ports (SO_REUSEPORT)
 
 
 @dataclass

@@ -110,6 +110,14 @@ def report_header(cfg: BenchConfig) -> str:
             f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
             f"grpcio {grpc.__version__}, malloc env: "
             f"{' '.join(f'{k}={v}' for k, v in _malloc_env().items()) or 'default'}",
+            *(
+                [
+                    f"bridge: {cfg.bridge_procs} processes sharing the ports (--reuse-port); its "
+                    "relay CPU and us/msg are their sum"
+                ]
+                if cfg.bridge_procs > 1
+                else []
+            ),
             "",
             HEADER,
         ]

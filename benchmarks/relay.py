@@ -75,6 +75,7 @@ from benchmarks._relay_common import (
     CellResult,
     scan_processed,
 )
+from benchmarks._relay_group import reserve_shared_ports, rss_mib, shared_port_args, spread_line
 from benchmarks._relay_output import (
     attach_ratios,
     format_report,
@@ -139,6 +140,52 @@ class ServerProcess:
             await self.child.stop(timeout=30)
 
 
+class ServerGroup:
+    """``--bridge-procs N``: N bridge processes on one port pair, used as one relay target
+    (shared ports, CPU summed; :mod:`benchmarks._relay_group`)."""
+
+    def __init__(self, sink: str, extra: Sequence[str], procs: int) -> None:
+        self._held, (ws, grpc_port) = reserve_shared_ports(2)
+        self.ports = {"ws": ws, "grpc": grpc_port}
+        shared = shared_port_args(ws, grpc_port)
+        self.servers = [bridge_process(sink, [*extra, *shared]) for _ in range(procs)]
+        self.cpu_at_start: list[float] = []
+
+    async def spawn(self) -> None:
+        for server in self.servers:
+            await server.spawn()
+
+    async def wait_ready(self) -> None:
+        try:
+            await asyncio.gather(*(s.wait_ready() for s in self.servers))
+        finally:
+            self._release_ports()
+        self.cpu_at_start = self.cpu_by_process()
+
+    def _release_ports(self) -> None:
+        for s in self._held:
+            s.close()
+        self._held = []
+
+    def cpu_by_process(self) -> list[float]:
+        return [s.cpu_seconds() for s in self.servers]
+
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu_by_process())
+
+    def spread(self) -> str:
+        cpu = [b - a for a, b in zip(self.cpu_at_start, self.cpu_by_process(), strict=True)]
+        pids = [s.child.proc.pid for s in self.servers if s.child is not None]
+        return spread_line(cpu, [rss_mib(pid) for pid in pids])
+
+    def logs(self) -> str:
+        return "\n".join(s.logs() for s in self.servers)
+
+    async def stop(self) -> None:
+        self._release_ports()
+        await asyncio.gather(*(s.stop() for s in self.servers), return_exceptions=True)
+
+
 def bridge_process(sink: str, extra: Sequence[str] = ()) -> ServerProcess:
     cmd = [
         *(sys.executable, "-m", "bridge.cli", "serve", "--host", "127.0.0.1"),
@@ -169,7 +216,7 @@ class Bench:
         self.config = config
         self.progress = progress or (lambda _result: None)
         self.sink = BenchSink()
-        self.servers: dict[str, ServerProcess] = {}
+        self.servers: dict[str, ServerProcess | ServerGroup] = {}
         self._cells = 0
         self._stray_seen = 0
 
@@ -178,8 +225,13 @@ class Bench:
         # fork handlers would otherwise complain about; they find the sink once it listens.
         self.sink.reserve_port()
         wanted = {"bridge" if t.startswith("bridge") else t for t in self.config.targets}
-        makers = {
-            "bridge": lambda: bridge_process(self.sink.address, self.config.bridge_args),
+        procs = self.config.bridge_procs
+        makers: dict[str, Callable[[], ServerProcess | ServerGroup]] = {
+            "bridge": lambda: (
+                ServerGroup(self.sink.address, self.config.bridge_args, procs)
+                if procs > 1
+                else bridge_process(self.sink.address, self.config.bridge_args)
+            ),
             "raw-ws": lambda: raw_relay_process("ws", self.sink.address),
             "raw-grpc": lambda: raw_relay_process("grpc", self.sink.address),
         }
@@ -201,7 +253,7 @@ class Bench:
 
     async def _wait_for_sink_streams(self) -> None:
         """Every relay's (and the bridge's) stream to the sink is up before the first cell."""
-        need_bridge = "bridge" in self.servers
+        need_bridge = self.config.bridge_procs if "bridge" in self.servers else 0
         need_raw = sum(name.startswith("raw") for name in self.servers)
         deadline = time.monotonic() + 30
         while (self.sink.bridge_streams < need_bridge) or (self.sink.raw_streams < need_raw):
@@ -209,7 +261,7 @@ class Bench:
                 raise RuntimeError("relays did not connect to the sink within 30 s")
             await asyncio.sleep(0.02)
 
-    def _address(self, target: str) -> tuple[ServerProcess, str]:
+    def _address(self, target: str) -> tuple[ServerProcess | ServerGroup, str]:
         if target.startswith("bridge"):
             server = self.servers["bridge"]
             port = server.ports["ws" if target.endswith("ws") else "grpc"]
@@ -293,7 +345,7 @@ class Bench:
         return []
 
 
-def _cpu_seconds(server: ServerProcess) -> dict[str, float]:
+def _cpu_seconds(server: ServerProcess | ServerGroup) -> dict[str, float]:
     """CPU seconds so far of the relay, of this process and of everything else on the machine
     (busy time from /proc/stat, steal included, minus the two)."""
     times = os.times()
@@ -346,15 +398,25 @@ def parse_args(argv: Sequence[str] | None) -> tuple[BenchConfig, Path | None]:
         metavar="FLAG",
         help="extra simbridge serve flag, repeatable: --bridge-arg=--ack-interval-seconds=0.01",
     )
+    parser.add_argument(
+        "--bridge-procs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the bridge as N processes sharing its ports (--reuse-port; docs/scaling.md)",
+    )
     ns = parser.parse_args(argv)
-    if ns.seconds <= 0 or ns.warmup < 0 or ns.window < 1 or ns.batch < 2:
-        parser.error("--seconds > 0, --warmup >= 0, --window >= 1 and --batch >= 2 please")
+    if ns.seconds <= 0 or ns.warmup < 0 or ns.window < 1 or ns.batch < 2 or ns.bridge_procs < 1:
+        parser.error(
+            "--seconds > 0, --warmup >= 0, --window >= 1, --batch >= 2, --bridge-procs >= 1 please"
+        )
     cfg = BenchConfig(
         seconds=ns.seconds,
         warmup=ns.warmup,
         window=ns.window,
         batch=ns.batch,
         bridge_args=ns.bridge_arg,
+        bridge_procs=ns.bridge_procs,
     )
     if ns.quick:
         cfg.sizes, cfg.conns = QUICK_SIZES, QUICK_CONNS
@@ -368,7 +430,11 @@ async def run(
     cfg: BenchConfig, progress: Callable[[CellResult], None] | None = None
 ) -> list[CellResult]:
     async with Bench(cfg, progress) as bench:
-        return await bench.run_all()
+        results = await bench.run_all()
+        group = bench.servers.get("bridge")
+        if isinstance(group, ServerGroup):
+            print(group.spread(), flush=True)
+        return results
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from benchmarks import relay
+from tests.integration.harness import http_get
 
 
 async def test_one_small_cell_per_target_accounts_for_every_message() -> None:
@@ -28,3 +29,41 @@ async def test_one_small_cell_per_target_accounts_for_every_message() -> None:
     for r in results:
         assert (r.ratio is not None) == r.target.startswith("bridge"), r
     assert "bridge/raw" in relay.format_report(results, cfg)
+
+
+async def test_two_bridge_processes_share_the_ports_and_each_serves_connections() -> None:
+    """``--bridge-procs 2`` (docs/scaling.md's prototype): two ``serve --reuse-port`` processes
+    on one port pair, each with its own push stream; every message still arrives exactly once."""
+    cfg = relay.BenchConfig(
+        sizes=("1KB",),
+        conns=(16,),  # 16 hashed connections all on one of 2 processes: p = 2^-15
+        targets=("bridge-ws", "bridge-grpc"),
+        seconds=0.5,
+        warmup=0.1,
+        window=2,
+        bridge_procs=2,
+    )
+    async with relay.Bench(cfg) as bench:
+        results = await bench.run_all()
+        group = bench.servers["bridge"]
+        assert isinstance(group, relay.ServerGroup)
+        assert bench.sink.bridge_streams == 2
+        received = []
+        for server in group.servers:
+            assert server.child is not None
+            _, text = await http_get(server.child.ports["http"], "/metrics")
+            received.append(_metric_sum(text, "bridge_frames_received_total"))
+        assert "CPU share" in group.spread()
+    for r in results:
+        assert r.errors == [], (r.target, r.errors)
+        assert r.sink_received == r.completed == r.sent > 0, r
+    assert all(n > 0 for n in received), received  # the kernel spread connections to both
+    assert sum(received) >= sum(r.sent for r in results)
+
+
+def _metric_sum(text: str, name: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
