@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
-.PHONY: run test lint proto chart-docs venv sysdeps test-memory-heavy bench-relay bench-overload bench-capacity bench-decimate bench-adapt bench-view bench-uplink bench-grpc-window test-sanitize fuzz clean \
+.PHONY: run test lint proto chart-docs venv sysdeps test-memory-heavy bench-relay bench-overload bench-capacity bench-decimate bench-adapt bench-view bench-uplink bench-grpc-window bench-connect test-sanitize fuzz clean \
 	container-deps e2e-container bench-memory
 
 $(STAMP): pyproject.toml setup.py
@@ -99,6 +99,11 @@ bench-uplink: venv
 # The gRPC receive window (grpc_window_bytes): loopback CPU per message vs slow-link telemetry delay.
 bench-grpc-window: venv
 	$(PY) -m benchmarks.grpc_window
+
+# Session setup (new and resumed, WebSocket and gRPC) and a Unix-socket round trip: the parts of
+# a redirect and of a handover between ingest processes (docs/scaling.md).
+bench-connect: venv
+	$(PY) -m benchmarks.connect
 
 # The bridge in a real container (podman + runc, image from the Dockerfile on a local mmdebstrap
 # base), resized live under load: podman update directly and through the Kubernetes stand-in.
