@@ -41,14 +41,14 @@ STREAMS = 64  # per-stream seqs in the handover message
 
 
 def hello(device: str) -> bytes:
+    """An edge's Hello: one passthrough cloud stream (what the relay benchmark's edges declare)."""
     spec = pb.StreamSpec(stream_id="cloud", kind=pb.POINT_CLOUD, passthrough=True)
     return pb.EdgeMessage(hello=pb.Hello(device_id=device, streams=[spec])).SerializeToString()
 
 
 def expect_welcome(raw: object) -> None:
-    if not isinstance(raw, bytes) or pb.BridgeMessage.FromString(raw).WhichOneof("kind") != (
-        "welcome"
-    ):
+    kind = pb.BridgeMessage.FromString(raw).WhichOneof("kind") if isinstance(raw, bytes) else None
+    if kind != "welcome":
         raise ConnectionError(f"expected a Welcome, got {raw!r:.80}")
 
 
