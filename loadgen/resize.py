@@ -307,14 +307,18 @@ class LocalBackend:
                 self._write(self.cgroup_dir / "memory.high", str(memory))
                 t0 = time.monotonic()
                 deadline = t0 + hold_timeout
-                while self.usage() >= memory and time.monotonic() < deadline:  # noqa: ASYNC110
+                # The sample that fell below the limit is the one acted on, as the kubelet does: a
+                # second read a moment later may already see frames in flight regrow the heap.
+                usage = self.usage()
+                while usage >= memory and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)  # usage is a file to poll, nothing to wait on
+                    usage = self.usage()
                 res.hold_s = round(time.monotonic() - t0, 3)
                 res.notes.append(
-                    f"held: usage {res.usage_at_request >> 20}Mi -> {self.usage() >> 20}Mi, "
+                    f"held: usage {res.usage_at_request >> 20}Mi -> {usage >> 20}Mi, "
                     f"limit {memory >> 20}Mi"
                 )
-                if self.usage() >= memory:
+                if usage >= memory:
                     res.resolved = False
                     res.notes.append(
                         f"unresolved after {hold_timeout:g} s: memory.max not lowered "

@@ -46,3 +46,34 @@ async def test_usage_is_the_bridges_rss_now_not_the_last_mirrored_value(tmp_path
         child.kill()
         await child.wait()
         await backend.close()
+
+
+class _DipsOnce(LocalBackend):
+    """Usage above the limit, one poll below it, then above again: a trim's dip with frames in
+    flight growing the heap back at once."""
+
+    def __init__(self, cgroup_dir: Path, samples: list[int]) -> None:
+        super().__init__(cgroup_dir, real_cpu=False)
+        self.samples = samples
+
+    def usage(self) -> int:
+        return self.samples.pop(0) if len(self.samples) > 1 else self.samples[0]
+
+
+async def test_a_held_decrease_is_enacted_on_the_sample_that_fell_below_the_limit(
+    tmp_path: Path,
+) -> None:
+    """Like the kubelet: the driver acts on the reading that was under the new limit. Reading
+    usage once more before writing memory.max (as it did) found the heap regrown 0.1 s later and
+    reported a resolved hold as unresolved (CI, test_scenario_short, 1 December)."""
+    limit = 99 * MiB
+    above, below = limit + MiB, limit - MiB
+    backend = _DipsOnce(tmp_path / "cgroup", [above, above, above, above, below, above])
+    await backend.start(2.0, 1 << 30)
+    try:
+        res = await backend.apply(None, limit, hold_timeout=2.0)
+    finally:
+        await backend.close()
+    assert res.held and res.resolved, res.notes
+    assert res.hold_s is not None and res.hold_s < 1.0
+    assert int((tmp_path / "cgroup" / "memory.max").read_text()) == limit
