@@ -79,6 +79,12 @@ def bridge_encoder(cloud: bytes) -> Callable[[int, int], bytes]:
     return encode
 
 
+def hello_message(device: str) -> bytes:
+    """An edge's Hello: one passthrough cloud stream."""
+    spec = pb.StreamSpec(stream_id="cloud", kind=pb.POINT_CLOUD, passthrough=True)
+    return pb.EdgeMessage(hello=pb.Hello(device_id=device, streams=[spec])).SerializeToString()
+
+
 class Client:
     """One edge connection: closed-loop sends (``window`` in flight), discards what comes back.
 
@@ -112,9 +118,7 @@ class Client:
         raise NotImplementedError
 
     def hello(self) -> bytes:
-        spec = pb.StreamSpec(stream_id="cloud", kind=pb.POINT_CLOUD, passthrough=True)
-        hello = pb.Hello(device_id=self.cell.device_id(self.conn.index), streams=[spec])
-        return pb.EdgeMessage(hello=hello).SerializeToString()
+        return hello_message(self.cell.device_id(self.conn.index))
 
     @staticmethod
     def check_welcome(raw: object) -> None:

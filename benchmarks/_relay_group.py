@@ -11,7 +11,6 @@ rate, CPU per message across the processes, and the memory N processes cost.
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 
 def reserve_shared_ports(count: int) -> tuple[list[socket.socket], list[int]]:
@@ -32,20 +31,10 @@ def shared_port_args(ws_port: int, grpc_port: int) -> list[str]:
     return ["--ws-port", str(ws_port), "--grpc-port", str(grpc_port), "--reuse-port"]
 
 
-def rss_mib(pid: int) -> float:
-    """Resident memory of a process (VmRSS), in MiB; NaN once it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError):
-        pass
-    return float("nan")
-
-
-def spread_line(cpu: list[float], rss: list[float]) -> str:
-    """One line for the report: each process's share of the group's CPU, and its memory."""
+def spread_line(cpu: list[float], rss: list[int]) -> str:
+    """One line for the report: each process's share of the group's CPU, and its memory
+    (``rss``: bytes, 0 for a process already gone)."""
     total = sum(cpu) or 1.0
     shares = ", ".join(f"{100 * c / total:.0f} %" for c in cpu)
-    mem = ", ".join(f"{r:.0f}" for r in rss)
+    mem = ", ".join(f"{r / (1 << 20):.0f}" for r in rss)
     return f"bridge processes: CPU share over the run {shares}; RSS at the end (MiB) {mem}"

@@ -33,29 +33,17 @@ from collections.abc import Awaitable, Callable, Sequence
 import grpc
 from websockets.asyncio.client import connect
 
+from benchmarks._relay_clients import Client, hello_message
 from benchmarks._relay_common import INGEST_METHOD
-from bridge.v1 import bridge_pb2 as pb
 from loadgen.launch import ChildProcess, serve_command
 
 STREAMS = 64  # per-stream seqs in the handover message
 
 
-def hello(device: str) -> bytes:
-    """An edge's Hello: one passthrough cloud stream (what the relay benchmark's edges declare)."""
-    spec = pb.StreamSpec(stream_id="cloud", kind=pb.POINT_CLOUD, passthrough=True)
-    return pb.EdgeMessage(hello=pb.Hello(device_id=device, streams=[spec])).SerializeToString()
-
-
-def expect_welcome(raw: object) -> None:
-    kind = pb.BridgeMessage.FromString(raw).WhichOneof("kind") if isinstance(raw, bytes) else None
-    if kind != "welcome":
-        raise ConnectionError(f"expected a Welcome, got {raw!r:.80}")
-
-
 async def ws_session(port: int, device: str) -> None:
     async with connect(f"ws://127.0.0.1:{port}/v1/ingest", compression=None) as ws:
-        await ws.send(hello(device))
-        expect_welcome(await ws.recv())
+        await ws.send(hello_message(device))
+        Client.check_welcome(await ws.recv())
 
 
 async def grpc_session(port: int, device: str) -> None:
@@ -64,8 +52,8 @@ async def grpc_session(port: int, device: str) -> None:
         call = channel.stream_stream(
             INGEST_METHOD, request_serializer=None, response_deserializer=None
         )(wait_for_ready=True)
-        await call.write(hello(device))
-        expect_welcome(await call.read())
+        await call.write(hello_message(device))
+        Client.check_welcome(await call.read())
         await call.done_writing()
         call.cancel()
 

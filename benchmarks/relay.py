@@ -75,7 +75,7 @@ from benchmarks._relay_common import (
     CellResult,
     scan_processed,
 )
-from benchmarks._relay_group import reserve_shared_ports, rss_mib, shared_port_args, spread_line
+from benchmarks._relay_group import reserve_shared_ports, shared_port_args, spread_line
 from benchmarks._relay_output import (
     attach_ratios,
     format_report,
@@ -87,6 +87,7 @@ from benchmarks._relay_output import (
 )
 from benchmarks._relay_sink import BenchSink
 from loadgen.launch import READY, ChildProcess
+from loadgen.resize import rss_bytes
 
 __all__ = [
     "CONNS",
@@ -176,7 +177,7 @@ class ServerGroup:
     def spread(self) -> str:
         cpu = [b - a for a, b in zip(self.cpu_at_start, self.cpu_by_process(), strict=True)]
         pids = [s.child.proc.pid for s in self.servers if s.child is not None]
-        return spread_line(cpu, [rss_mib(pid) for pid in pids])
+        return spread_line(cpu, [rss_bytes(pid) for pid in pids])
 
     def logs(self) -> str:
         return "\n".join(s.logs() for s in self.servers)

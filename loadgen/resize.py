@@ -302,14 +302,14 @@ class LocalBackend:
             if cpu is not None:
                 self._write_cpu(cpu)  # cpu changes are not blocked by a held memory decrease
                 cpu = None
-            if self.usage() >= memory:
+            # The sample that falls below the limit is the one acted on, as the kubelet does: a
+            # second read a moment later may already see frames in flight regrow the heap.
+            usage = self.usage()
+            if usage >= memory:
                 res.held = True
                 self._write(self.cgroup_dir / "memory.high", str(memory))
                 t0 = time.monotonic()
                 deadline = t0 + hold_timeout
-                # The sample that fell below the limit is the one acted on, as the kubelet does: a
-                # second read a moment later may already see frames in flight regrow the heap.
-                usage = self.usage()
                 while usage >= memory and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)  # usage is a file to poll, nothing to wait on
                     usage = self.usage()

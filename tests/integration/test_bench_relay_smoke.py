@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from benchmarks import relay
 from tests.integration.harness import http_get
 
@@ -63,7 +65,8 @@ async def test_two_bridge_processes_share_the_ports_and_each_serves_connections(
 
 def _metric_sum(text: str, name: str) -> float:
     return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name + "{") or line.startswith(name + " ")
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
     )
