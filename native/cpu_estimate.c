@@ -66,6 +66,12 @@ size_t sbvi_hash_estimate(job_t *job, int fused, size_t most) {
     memset(keys, 0xff, cap * sizeof keys[0]);
     memset(hits, 0, cap * sizeof hits[0]);
     size_t seen = 0, d = 0;
+    /* fused: the sample's key bounds per axis, for a guessed key frame (voxel_cpu.c) */
+    job->sample_ok = 0;
+    for (int a = 0; a < 3; a++) {
+        job->sample_klo[a] = INT64_MAX;
+        job->sample_khi[a] = INT64_MIN;
+    }
     for (size_t s = 0; s < samples; s++) {
         /* pseudo-random positions (a stride would alias with scan lines and lidar beams),
          * each a cache miss: prefetch a few samples ahead so the misses overlap */
@@ -75,8 +81,20 @@ size_t sbvi_hash_estimate(job_t *job, int fused, size_t most) {
                                (size_t)(((sbvi_mix(s + 17) >> 32) * (uint64_t)n) >> 32) * job->stride);
         const uint64_t k = sample_key(job, i, fused);
         if (k == SBVI_EMPTY_KEY) continue;
-        if (k == FUSED_OUT) return SIZE_MAX;
+        if (k == FUSED_OUT) {
+            job->sample_ok = 0;
+            return SIZE_MAX;
+        }
         seen++;
+        if (fused) {
+            for (int a = 0; a < 3; a++) {
+                const int64_t key = (int64_t)(k >> (SBVI_FB * (2 - a)) & (((uint64_t)1 << SBVI_FB) - 1)) -
+                                    SBVI_FBIAS;
+                job->sample_klo[a] = key < job->sample_klo[a] ? key : job->sample_klo[a];
+                job->sample_khi[a] = key > job->sample_khi[a] ? key : job->sample_khi[a];
+            }
+            job->sample_ok = 1;
+        }
         size_t h = (size_t)(sbvi_mix(k) >> cshift);
         while (keys[h] != k && keys[h] != SBVI_EMPTY_KEY) h = (h + 1) & (cap - 1);
         if (keys[h] == SBVI_EMPTY_KEY) {

@@ -66,6 +66,11 @@
 #define SBV_HASH_MAX_VOXELS ((size_t)1 << 17)
 #endif
 #define SBVI_HASH_FULL (-1)
+/* sbvi_run_sorted with a guessed key frame: a point fell outside it (nothing written) */
+#define SBVI_GUESS_MISS (-2)
+/* Clouds of at least this many points skip the bounds pass when the estimate's sample gives
+ * a key frame that holds every point (checked by the pack) */
+#define SBV_GUESS_MIN_POINTS 32768
 #define SBVI_EMPTY_KEY UINT64_MAX              /* no voxel: an empty slot, a dropped point */
 #define SBVI_FB 21                             /* fused keys: bits per axis... */
 #define SBVI_FBIAS ((int64_t)1 << (SBVI_FB - 1)) /* ...biased by 2^20 */
@@ -119,6 +124,12 @@ struct job {
     int by, bz, ib, kb, top_bits, top_shift; /* ib: bits below the key (index, then lb) */
     int lb; /* sorted path: run-length bits under the index (0: one item per point) */
     int keys_i32; /* sorted path: float32 keys that fit int32 (vector key computation) */
+    /* A key frame guessed from the estimate's sample instead of a bounds pass (see
+     * sbvi_run_sorted): the sample's key bounds, and per block the OR of every key offset the
+     * pack computed, which shows whether any point fell outside the guessed frame. */
+    int sample_ok, guessed;
+    int64_t sample_klo[3], sample_khi[3];
+    uint32_t key_or[SBV_MAX_PARTS][3];
     uint64_t idx_mask;
     size_t nbuckets;
     size_t *hist;       /* nblocks * nbuckets, then offsets */

@@ -38,7 +38,7 @@ static inline uint64_t pack(const job_t *job, int64_t kx, int64_t ky, int64_t kz
  * keys (then job->lb > 0), else one per point. */
 static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job, size_t lo, size_t hi,
                                                                 uint64_t *dst, uint32_t *ha, uint32_t *hb,
-                                                                const int rle) {
+                                                                const int rle, uint32_t *key_or) {
     const size_t stride = job->stride;
     const int top_shift = job->top_shift; /* < 64: kb + ib < 64 here */
     const int64_t kmin0 = job->kmin[0], kmin1 = job->kmin[1], kmin2 = job->kmin[2];
@@ -53,6 +53,13 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
     typedef int32_t v4i __attribute__((vector_size(16)));
     const v4f vv = {v, v, v, 1.0f};
     const v4u km = {(uint32_t)kmin0, (uint32_t)kmin1, (uint32_t)kmin2, 0};
+    /* Key offsets are masked to their fields, so an item stays well formed even when a point
+     * lies outside a guessed key frame (job->guessed); the OR of the unmasked offsets shows
+     * whether one did. */
+    const uint32_t bx = (uint32_t)(job->kb - by - bz);
+    const v4u kmask = {(uint32_t)(((uint64_t)1 << bx) - 1), (uint32_t)(((uint64_t)1 << by) - 1),
+                       (uint32_t)(((uint64_t)1 << bz) - 1), 0};
+    v4u kor = {0, 0, 0, 0};
     uint64_t cur = 0, prev = UINT64_MAX; /* rle: the open run's item; the previous point's (none) */
     size_t i = lo;
 /* the item of point I (record REC), or DROP and leave the enclosing do-while */
@@ -67,7 +74,9 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
     }                                                                                             \
     const v4f q = (v4f){x, y, z, 0.0f} / vv;                                                      \
     const v4i tr = __builtin_convertvector(q, v4i);                                               \
-    const v4u u = (v4u)tr + (v4u)(__builtin_convertvector(tr, v4f) > q) - km;                     \
+    const v4u uo = (v4u)tr + (v4u)(__builtin_convertvector(tr, v4f) > q) - km;                    \
+    kor |= uo;                                                                                    \
+    const v4u u = uo & kmask;                                                                     \
     const uint64_t ITEM = ((((uint64_t)u[0] << by | u[1]) << bz | u[2]) << ib) | ((uint64_t)(I) << lb)
 /* item X, which starts a run when ST is 1: the open run is written (a store that is overwritten
  * when no run starts) and X opens the next, else the open run grows by one */
@@ -114,7 +123,10 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
             } while (0);
             if (found) break;
         }
-        if (i == hi) return dst;
+        if (i == hi) {
+            for (int a = 0; a < 3; a++) key_or[a] = kor[a];
+            return dst;
+        }
         i++;
         rec += stride;
     }
@@ -128,6 +140,9 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
     const __m128i KZ = _mm_set1_epi32((int)kmin2), zi = _mm_setzero_si128();
     const __m128i shx = _mm_cvtsi32_si128(by + bz + ib), shy = _mm_cvtsi32_si128(bz + ib);
     const __m128i shz = _mm_cvtsi32_si128(ib);
+    const __m128i MX = _mm_set1_epi32((int)kmask[0]), MY = _mm_set1_epi32((int)kmask[1]);
+    const __m128i MZ = _mm_set1_epi32((int)kmask[2]);
+    __m128i OX = zi, OY = zi, OZ = zi;
     for (; i + 4 <= hi4; i += 4, rec += 4 * stride) {
         __m128 r[4], X, Y, Z;
         sbvi_load4(rec, stride, &job->plan, job->plan.xyz_packed, r, &X, &Y, &Z);
@@ -140,8 +155,13 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
                                 _mm_castps_si128(_mm_cmpgt_ps(                                    \
                                     _mm_cvtepi32_ps(_mm_cvttps_epi32(_mm_div_ps(P, V))), _mm_div_ps(P, V)))), \
                   K)
-        const __m128i ux = UKEY(X, KX), uy = UKEY(Y, KY), uz = UKEY(Z, KZ);
+        const __m128i oux = UKEY(X, KX), ouy = UKEY(Y, KY), ouz = UKEY(Z, KZ);
 #undef UKEY
+        OX = _mm_or_si128(OX, oux);
+        OY = _mm_or_si128(OY, ouy);
+        OZ = _mm_or_si128(OZ, ouz);
+        const __m128i ux = _mm_and_si128(oux, MX), uy = _mm_and_si128(ouy, MY);
+        const __m128i uz = _mm_and_si128(ouz, MZ);
 #define ITEMS(UNPACK, I0)                                                                         \
     _mm_or_si128(_mm_or_si128(_mm_sll_epi64(UNPACK(ux, zi), shx), _mm_sll_epi64(UNPACK(uy, zi), shy)), \
                  _mm_or_si128(_mm_sll_epi64(UNPACK(uz, zi), shz),                                 \
@@ -175,6 +195,13 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
             dst += 4;
         }
     }
+    {
+        uint32_t o[3][4];
+        _mm_storeu_si128((__m128i *)(void *)o[0], OX);
+        _mm_storeu_si128((__m128i *)(void *)o[1], OY);
+        _mm_storeu_si128((__m128i *)(void *)o[2], OZ);
+        for (int a = 0; a < 3; a++) kor[a] |= o[a][0] | o[a][1] | o[a][2] | o[a][3];
+    }
 #endif
     for (; i < hi; i++, rec += stride) ONE(i, rec);
 #undef ONE
@@ -182,12 +209,15 @@ static inline __attribute__((always_inline)) uint64_t *pack_i32(const job_t *job
 #undef EMIT
 #undef ITEM1
     if (rle) *dst++ = cur; /* the last run */
+    for (int a = 0; a < 3; a++) key_or[a] = kor[a];
     return dst;
 }
 
 /* Items of points [lo, hi) from dst on, their top-digit counts in hist; returns the end. */
-static uint64_t *pack_block(job_t *job, size_t lo, size_t hi, uint64_t *dst, size_t *hist) {
+static uint64_t *pack_block(job_t *job, size_t lo, size_t hi, uint64_t *dst, size_t *hist,
+                            uint32_t *key_or) {
     memset(hist, 0, job->nbuckets * sizeof *hist);
+    key_or[0] = key_or[1] = key_or[2] = 0;
     const size_t stride = job->stride;
     const int top_shift = job->top_shift;
     const int64_t kmin0 = job->kmin[0], kmin1 = job->kmin[1], kmin2 = job->kmin[2];
@@ -200,8 +230,8 @@ static uint64_t *pack_block(job_t *job, size_t lo, size_t hi, uint64_t *dst, siz
         memset(h2[0], 0, job->nbuckets * sizeof h2[0][0]);
         memset(h2[1], 0, job->nbuckets * sizeof h2[1][0]);
         if (job->keys_i32) {
-            dst = job->lb ? pack_i32(job, lo, hi, dst, h2[0], h2[1], 1)
-                          : pack_i32(job, lo, hi, dst, h2[0], h2[1], 0);
+            dst = job->lb ? pack_i32(job, lo, hi, dst, h2[0], h2[1], 1, key_or)
+                          : pack_i32(job, lo, hi, dst, h2[0], h2[1], 0, key_or);
         } else {
             uint32_t *h2a = h2[0], *h2b = h2[1];
             const float v = job->plan.voxel_f;
@@ -244,7 +274,8 @@ static void phase_pack(job_t *job, int t) {
     (void)t;
     for (size_t b; (b = sbvi_claim(job, job->nblocks)) != SIZE_MAX;) {
         uint64_t *end = pack_block(job, sbvi_block_lo(job, b), sbvi_block_lo(job, b + 1),
-                                   job->items + job->finite_base[b], job->hist + b * job->nbuckets);
+                                   job->items + job->finite_base[b], job->hist + b * job->nbuckets,
+                                   job->key_or[b]);
         job->block_end[b] = (size_t)(end - job->items);
     }
 }
@@ -582,6 +613,7 @@ int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t
      * costs more than the shorter scatter and sort save). */
     int runs = job->keys_i32 && job->kb + job->ib + SBV_RUN_BITS <= 63 &&
                (job->in->n_fields == 3 ? job->plan.xyz_packed : job->in->n_fields == 4);
+    if (job->guessed && !job->keys_i32) return SBVI_GUESS_MISS; /* only vector keys check it */
     if (runs && job->in->n_fields == 4) {
         runs = 0;
         for (size_t f = 0; f < 4; f++) runs |= job->in->fields[f].role == SBV_ROLE_COLOR;
@@ -614,6 +646,16 @@ int sbvi_run_sorted(job_t *job, size_t nf, size_t *out_points, char *err, size_t
     atomic_store_explicit(&job->claim, 0, memory_order_relaxed);
     sbvi_run_phase(job, phase_pack);
     SBV_TICK("pack");
+    if (job->guessed) { /* every key offset inside its field, or start again from bounds */
+        const int bx = job->kb - job->by - job->bz;
+        uint32_t o[3] = {0, 0, 0};
+        for (size_t b = 0; b < job->nblocks; b++)
+            for (int a = 0; a < 3; a++) o[a] |= job->key_or[b][a];
+        if ((uint64_t)o[0] >> bx || (uint64_t)o[1] >> job->by || (uint64_t)o[2] >> job->bz) {
+            sbvi_scratch_done(mem, cached);
+            return SBVI_GUESS_MISS;
+        }
+    }
     /* bucket-major, block-minor offsets keep the scatter stable (computed row by row: a
      * column walk strides by a whole histogram) */
     size_t *at = job->bucket_at, *row = job->hist;

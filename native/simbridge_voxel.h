@@ -111,6 +111,12 @@ void sbv_release_scratch(void);
  * and returns the previous one; SIZE_MAX only reads it. For tests and tuning. */
 size_t sbv_hash_voxels_max(size_t voxels);
 
+/* CPU: calls by this thread so far that took a key frame guessed from the estimate's sample
+ * instead of a bounds pass, and those of them where a point fell outside it (then the bounds
+ * pass ran after all); reset != 0 also clears the back-off after misses (the next calls may
+ * guess again). Same output either way: for tests and tuning. */
+void sbv_frame_guesses(size_t *guessed, size_t *missed, int reset);
+
 #ifdef __cplusplus
 }
 #endif

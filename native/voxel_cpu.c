@@ -3,7 +3,9 @@
  *
  * Step A (bounds, split over `threads` chunks): finite count and min/max of x, y, z;
  * key bounds follow because floor(p / v) is monotonic in p, so the int64 overflow check
- * happens once, here. The key spans then pick one of three ways to finish:
+ * happens once, here (float32 clouds the estimate sent to the radix path first try a key frame
+ * guessed from its sample instead: guess_frame). The key spans then pick one of three ways to
+ * finish:
  *
  *   cpu_dense.c   coarse grids (<= ~0.75 cells per point): count cells, no sort;
  *   cpu_hash.c    one thread and few voxels: hash-accumulate, then sort the voxels
@@ -112,6 +114,67 @@ static void phase_bounds(job_t *job, int t) {
         bounds_block(job, b, sbvi_block_lo(job, b), sbvi_block_lo(job, b + 1));
 }
 
+/* A key frame from the estimate's sample (job->sample_klo/khi) instead of a bounds pass: per
+ * axis the sample's key span padded by a sixteenth (at least 2 keys) on each side, in as many
+ * bits as that needs, the spare keys split evenly below and above. The pack checks that every
+ * point fell inside it (sbvi_run_sorted); a sample of n / 64 points misses a few outliers,
+ * rarely more than a sixteenth of the span beyond. 0 when the exact path must decide (a
+ * dense grid is possible, or keys and index would not fit 63 bits). */
+static int guess_frame(job_t *job, size_t n) {
+    int bits[3];
+    double klo[3], khi[3];
+    for (int a = 0; a < 3; a++) {
+        const int64_t lo = job->sample_klo[a], hi = job->sample_khi[a];
+        const uint64_t span = (uint64_t)(hi - lo), pad = span / 16 > 2 ? span / 16 : 2;
+        bits[a] = bit_width(span + 2 * pad);
+        const uint64_t window = ((uint64_t)1 << bits[a]) - 1;
+        job->kmin[a] = lo - (int64_t)((window - span) / 2);
+        klo[a] = (double)lo;
+        khi[a] = (double)hi;
+    }
+    if (sbvi_dense_fits(job, klo, khi, n)) return 0; /* the sample's span: cells at most */
+    job->by = bits[1];
+    job->bz = bits[2];
+    job->kb = bits[0] + bits[1] + bits[2];
+    job->ib = bit_width(n - 1);
+    if (job->kb + job->ib > 63) return 0;
+    job->idx_mask = ((uint64_t)1 << job->ib) - 1;
+    for (size_t b = 0; b < job->nblocks; b++) job->finite_base[b] = sbvi_block_lo(job, b);
+    return 1;
+}
+
+/* Per calling thread: calls that guessed, guesses that missed, and the back-off after a miss
+ * (a cloud whose sample misses its extremes, e.g. long-tailed lidar ranges, misses again in
+ * the next frames of its stream; each miss costs a pack): the next `skip` calls take the
+ * bounds pass, where `skip` doubles with each miss (at most 63) and halves with each hit. */
+static _Thread_local size_t guesses, misses;
+static _Thread_local unsigned backoff, skip;
+
+void sbv_frame_guesses(size_t *guessed, size_t *missed, int reset) {
+    if (guessed) *guessed = guesses;
+    if (missed) *missed = misses;
+    if (reset) backoff = skip = 0;
+}
+
+/* Whether this call may guess (then it counts as one), honouring the back-off. */
+static int may_guess(void) {
+    if (skip) {
+        skip--;
+        return 0;
+    }
+    return 1;
+}
+
+static void guess_outcome(int missed) {
+    if (missed) {
+        misses++;
+        backoff = backoff * 2 + 1 < 63 ? backoff * 2 + 1 : 63;
+        skip = backoff;
+    } else {
+        backoff >>= 1;
+    }
+}
+
 /* ---- entry point ---- */
 
 /* Threads a call uses: as asked, at most one per SBV_MIN_POINTS_PER_THREAD points. */
@@ -153,6 +216,21 @@ static int downsample(job_t *job, double voxel_size, int threads, size_t cap, si
             job->nt = nt;
             if (rc != SBVI_HASH_FULL) return rc;
         }
+    }
+    /* Float32 x/y/z: the estimate's sample has given key bounds; a frame padded around them
+     * usually holds every point, and then the pack needs no bounds pass before it (items at
+     * most one per point, so n stands in for the finite count). */
+    if (tried_hash && job->sample_ok && n >= SBV_GUESS_MIN_POINTS && cap >= n && may_guess() &&
+        guess_frame(job, n)) {
+        job->guessed = 1;
+        guesses++;
+        const int rc = sbvi_run_sorted(job, n, out_points, err, err_len);
+        job->guessed = 0;
+        guess_outcome(rc == SBVI_GUESS_MISS);
+        if (rc != SBVI_GUESS_MISS) return rc;
+#ifdef SBV_TIMING
+        fprintf(stderr, "guess missed ");
+#endif
     }
 #ifdef SBV_TIMING
     double sbv_t0 = sbv_now();

@@ -202,6 +202,15 @@ static PyObject *py_hash_voxels_max(PyObject *self, PyObject *args) {
     return PyLong_FromSize_t(sbv_hash_voxels_max(voxels));
 }
 
+static PyObject *py_frame_guesses(PyObject *self, PyObject *args) {
+    (void)self;
+    int reset = 0;
+    if (!PyArg_ParseTuple(args, "|p:frame_guesses", &reset)) return NULL;
+    size_t guessed = 0, missed = 0;
+    sbv_frame_guesses(&guessed, &missed, reset);
+    return Py_BuildValue("(nn)", (Py_ssize_t)guessed, (Py_ssize_t)missed);
+}
+
 static PyMethodDef methods[] = {
     {"downsample", (PyCFunction)(void (*)(void))py_downsample, METH_VARARGS | METH_KEYWORDS, downsample_doc},
     {"downsample_into", (PyCFunction)(void (*)(void))py_downsample_into, METH_VARARGS | METH_KEYWORDS,
@@ -213,6 +222,10 @@ static PyMethodDef methods[] = {
     {"hash_voxels_max", py_hash_voxels_max, METH_VARARGS,
      "hash_voxels_max(voxels=None) -> int: set the one-thread hash path's voxel limit (0: off); "
      "returns the old one. Same output either way: for tests and tuning."},
+    {"frame_guesses", py_frame_guesses, METH_VARARGS,
+     "frame_guesses(reset=False) -> (guessed, missed): this thread's calls that skipped the bounds "
+     "pass with a key frame guessed from a sample, and those where a point fell outside it; reset "
+     "clears the back-off after misses. For tests."},
     {"cpu_count", py_cpu_count, METH_NOARGS, "Online CPUs (a default for the kernel's threads)."},
     {NULL, NULL, 0, NULL},
 };

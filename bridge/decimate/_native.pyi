@@ -16,6 +16,12 @@ def hash_voxels_max(voxels: int | None = None, /) -> int:
     """Set the one-thread hash path's voxel limit (0: never; None: only read); returns the old
     one. The output is the same either way: for tests and tuning."""
 
+def frame_guesses(reset: bool = False, /) -> tuple[int, int]:
+    """This thread's calls that skipped the bounds pass with a key frame guessed from the
+    estimate's sample, and those of them where a point fell outside it (then the bounds pass
+    ran after all); ``reset`` clears the back-off after misses. The output is the same either
+    way: for tests."""
+
 def release_scratch() -> None:
     """Free the calling thread's cached kernel scratch memory."""
 
