@@ -279,6 +279,9 @@ class Report:
     service_ratio: dict[str, float] = field(default_factory=dict)
     #: peer ("pcl", "o3d best") -> case -> its time / C x1 time, measured in alternation
     interleaved: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: case -> (guessed, missed): this thread's C calls that skipped the bounds pass with a
+    #: key frame guessed from the estimate's sample, and those where a point fell outside it
+    key_frame: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def bench_case(
@@ -499,6 +502,7 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
             gil_case = case
         runners = methods_for(case, wanted, cpus)
         timed = timed_for(case, wanted, cpus, repeats)
+        guesses_before = _key_frame_guesses()
         rows = bench_case(case, runners, repeats, budget, timed)
         report.rows += rows
         for r in rows:
@@ -517,6 +521,14 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
             ratio = service_vs_bare(case.layout, case.data, case.voxel, 3 * repeats)
             report.service_ratio[case.name] = ratio
             emit(f"  {case.name}: c x1 service / bare, calls interleaved: {ratio:.2f}x time")
+        after = _key_frame_guesses()
+        guessed, missed = after[0] - guesses_before[0], after[1] - guesses_before[1]
+        if guessed:
+            report.key_frame[case.name] = (guessed, missed)
+            emit(
+                f"  {case.name}: c key frame guessed in {guessed} calls, missed in {missed} "
+                "(native/README.md, 'Guessed key frame')"
+            )
         counts = {r.out_points for r in rows if r.method not in ("o3d legacy", "pcl voxelgrid")}
         if len(counts) > 1:
             emit(f"{'':<30} WARNING: output counts differ: {sorted(counts)}")
@@ -540,6 +552,15 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
             f"   ratio {row.ratio:4.2f}"
         )
     return report
+
+
+def _key_frame_guesses() -> tuple[int, int]:
+    """The C kernel's key-frame guesses and misses on this thread so far ((0, 0) without it)."""
+    if available_backends()["c"] is not None:
+        return (0, 0)
+    from bridge.decimate import _native
+
+    return _native.frame_guesses()
 
 
 def _gil_rank(case: Case) -> tuple[bool, bool, int]:
@@ -584,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
                     "gil": [asdict(g) for g in report.gil],
                     "service_vs_bare": report.service_ratio,
                     "c_vs_peers_interleaved": report.interleaved,
+                    "c_key_frame_guessed_missed": report.key_frame,
                 },
                 indent=2,
             )

@@ -14,6 +14,7 @@ import pytest
 from benchmarks import decimate_peers
 from benchmarks.decimate import lidar_like, main, synthetic_case, uniform
 from benchmarks.decimate_peers import pcl_harness, pcl_timed
+from bridge.decimate import available_backends
 
 
 def test_json_report_has_every_method(capsys: pytest.CaptureFixture[str]) -> None:
@@ -59,6 +60,21 @@ def test_real_bin_frames_and_in_service_rows(
         # the in-service overhead, timed with the bare kernel call by call: a plain ratio
         ratio = report["service_vs_bare"][scan[0]["case"]]
         assert 0.2 < ratio < 20
+
+
+def test_report_says_when_the_kernel_guessed_its_key_frame(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The 100k-point lidar case takes the radix path's guessed key frame (native/README.md);
+    the report counts the guesses and misses per case, so a figure can be read with it."""
+    if available_backends()["c"] is not None:
+        pytest.skip("no C backend")
+    argv = ["--sizes", "100k", "--voxels", "0.2", "--shapes", "lidar", "--methods", "c"]
+    assert main([*argv, "--no-real", "--no-gil", "--repeats", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    [(case, (guessed, missed))] = report["c_key_frame_guessed_missed"].items()
+    assert case.startswith("lidar 100k")
+    assert guessed > 0 and missed == 0
 
 
 def test_pcl_harness_builds_or_says_why() -> None:
