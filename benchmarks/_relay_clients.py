@@ -129,7 +129,9 @@ class Client:
             raise ConnectionError(f"expected a Welcome, got {msg}")
 
     def on_bridge_message(self, raw: bytes) -> None:
-        """Acks are discarded unparsed; errors and drains fail the cell; pauses are counted."""
+        """Acks are counted and discarded unparsed; errors and drains fail the cell; pauses are
+        counted."""
+        self.conn.replies += 1
         tag = raw[0] if raw else 0
         if tag in (_ERROR_TAG, _DRAIN_TAG):
             msg = pb.BridgeMessage.FromString(raw)

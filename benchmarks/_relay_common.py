@@ -95,6 +95,7 @@ class Conn:
         self.next_seq = 1  # the seq the sink expects next from this connection
         self.errors: list[str] = []
         self.backpressure = 0  # FlowControl PAUSE seen (bridge targets)
+        self.replies = 0  # bridge messages after the Welcome: acks, flow control (bridge targets)
 
     def arrive(self, seq: int) -> None:
         if seq != self.next_seq:
@@ -185,3 +186,6 @@ class CellResult:
     backpressure_pauses: int
     errors: list[str] = field(default_factory=list)
     ratio: float | None = None  # bridge rows: this msgs/s / the raw relay's, same transport
+    #: bridge rows: messages the bridge sent its edges (acks, flow control) per frame sent;
+    #: each costs the bridge a write, which the raw relay never makes
+    replies_per_frame: float | None = None

@@ -63,6 +63,11 @@ def summarize(
         sink_received=cell.sink_received,
         backpressure_pauses=sum(c.backpressure for c in cell.conns),
         errors=errors,
+        replies_per_frame=(
+            sum(c.replies for c in cell.conns) / cell.sent
+            if target.startswith("bridge") and cell.sent
+            else None
+        ),
     )
 
 
@@ -82,16 +87,18 @@ def attach_ratios(results: list[CellResult]) -> None:
 
 HEADER = (
     f"{'size':<6} {'conns':>5}  {'target':<12} {'msgs/s':>8} {'MB/s':>7} {'p50 ms':>8} "
-    f"{'p99 ms':>8} {'relay':>6} {'us/msg':>7} {'bench':>6} {'other':>6} {'bridge/raw':>10}"
+    f"{'p99 ms':>8} {'relay':>6} {'us/msg':>7} {'bench':>6} {'other':>6} {'bridge/raw':>10} "
+    f"{'acks/frame':>10}"
 )
 
 
 def format_row(r: CellResult) -> str:
-    ratio = f"{r.ratio:10.2f}" if r.ratio is not None else ""
+    ratio = f"{r.ratio:10.2f}" if r.ratio is not None else f"{'':10}"
+    replies = f"{r.replies_per_frame:10.2f}" if r.replies_per_frame is not None else ""
     line = (
         f"{r.size:<6} {r.conns:>5}  {r.target:<12} {r.msgs_per_s:8.1f} {r.mb_per_s:7.1f} "
         f"{r.p50_ms:8.2f} {r.p99_ms:8.2f} {r.relay_cpu_pct:5.0f}% {r.relay_us_per_msg:7.0f} "
-        f"{r.bench_cpu_pct:5.0f}% {r.other_cpu_pct:5.0f}% {ratio}"
+        f"{r.bench_cpu_pct:5.0f}% {r.other_cpu_pct:5.0f}% {ratio} {replies}"
     ).rstrip()
     if r.errors:
         line += f"  ERRORS: {len(r.errors)} (first: {r.errors[0]})"
@@ -107,6 +114,8 @@ def report_header(cfg: BenchConfig) -> str:
             "latency = client send -> sink arrival",
             "CPU in % of one core: relay = the relay/bridge process (us/msg: its CPU time per "
             "message), bench = clients + sink, other = the rest of the machine",
+            "acks/frame: messages the bridge sent its edges (acks, flow control) per frame, each "
+            "a write the raw relay never makes",
             f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
             f"grpcio {grpc.__version__}, malloc env: "
             f"{' '.join(f'{k}={v}' for k, v in _malloc_env().items()) or 'default'}",
