@@ -14,9 +14,6 @@ Run ``python -m benchmarks.decimate --help`` for the input sets.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
-import gc
 import json
 import os
 import platform
@@ -32,8 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks.decimate_measure import Runner, key_frame_guesses, peak_mb, time_runs
 from benchmarks.decimate_peers import (
-    CLOCK,
     Timed,
     interleaved_peers,
     load_avg,
@@ -136,8 +133,6 @@ def _parse_count(text: str) -> int:
 
 # ---- methods ----
 
-Runner = Callable[[], int]
-
 
 def _open3d() -> Any:
     try:
@@ -188,63 +183,6 @@ def timed_for(case: Case, wanted: set[str], cpus: int, repeats: int) -> dict[str
         for t in sorted({1, cpus}):
             timed[f"c x{t} service"] = service_timed(case.layout, case.data, case.voxel, t, repeats)
     return timed
-
-
-# ---- measurement ----
-
-
-def _status_kb(key: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _trim_heap() -> None:
-    """Give freed heap pages back to the OS, so a rerun has to fault them in again."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)
-
-
-def peak_mb(run: Runner) -> float | None:
-    """Resident high-water mark above the current RSS while ``run`` executes (Linux)."""
-    _release_scratch()
-    _trim_heap()
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return None
-    before = _status_kb("VmRSS")
-    run()
-    after = _status_kb("VmHWM")
-    if before is None or after is None:
-        return None
-    return max(0.0, (after - before) / 1024.0)
-
-
-def _release_scratch() -> None:
-    try:
-        from bridge.decimate import _native
-    except ImportError:
-        return
-    _native.release_scratch()
-
-
-def time_runs(run: Runner, repeats: int, budget_s: float) -> list[float]:
-    times: list[float] = []
-    now = CLOCK["now"]
-    deadline = now() + budget_s
-    while len(times) < repeats or (len(times) < 3 * repeats and now() < deadline):
-        start = now()
-        run()
-        times.append(now() - start)
-        if len(times) >= 3 and now() > deadline:
-            break
-    return times
 
 
 @dataclass
@@ -502,7 +440,7 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
             gil_case = case
         runners = methods_for(case, wanted, cpus)
         timed = timed_for(case, wanted, cpus, repeats)
-        guesses_before = _key_frame_guesses()
+        guesses_before = key_frame_guesses()
         rows = bench_case(case, runners, repeats, budget, timed)
         report.rows += rows
         for r in rows:
@@ -521,7 +459,7 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
             ratio = service_vs_bare(case.layout, case.data, case.voxel, 3 * repeats)
             report.service_ratio[case.name] = ratio
             emit(f"  {case.name}: c x1 service / bare, calls interleaved: {ratio:.2f}x time")
-        after = _key_frame_guesses()
+        after = key_frame_guesses()
         guessed, missed = after[0] - guesses_before[0], after[1] - guesses_before[1]
         if guessed:
             report.key_frame[case.name] = (guessed, missed)
@@ -552,15 +490,6 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
             f"   ratio {row.ratio:4.2f}"
         )
     return report
-
-
-def _key_frame_guesses() -> tuple[int, int]:
-    """The C kernel's key-frame guesses and misses on this thread so far ((0, 0) without it)."""
-    if available_backends()["c"] is not None:
-        return (0, 0)
-    from bridge.decimate import _native
-
-    return _native.frame_guesses()
 
 
 def _gil_rank(case: Case) -> tuple[bool, bool, int]:
