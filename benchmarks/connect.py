@@ -73,7 +73,7 @@ async def timed(count: int, one: Callable[[int], Awaitable[None]]) -> list[float
 def seq_table() -> bytes:
     """A session's per-stream state as the handover would send it (JSON: small and plain)."""
     streams = {
-        f"stream-{i}": {"accepted": 10**9 + i, "delivered": 10**9 + i - 8} for i in range(64)
+        f"stream-{i}": {"accepted": 10**9 + i, "delivered": 10**9 + i - 8} for i in range(STREAMS)
     }
     return json.dumps({"device": "edge-1", "epoch": 7, "streams": streams}).encode()
 
