@@ -26,7 +26,9 @@ from benchmarks._relay_common import (
     Conn,
 )
 from benchmarks._relay_servers import RELAY_INGEST_METHOD, grpc_options
-from bridge.batches import edge_batch
+from bridge import wire
+from bridge.batches import EDGE_FRAME_KEY, edge_batch
+from bridge.client.payload import PreparedPayload
 from bridge.v1 import bridge_pb2 as pb
 
 
@@ -59,22 +61,19 @@ def raw_encoder(token: int, body: bytes) -> Callable[[int, int], bytes]:
 
 
 def bridge_encoder(cloud: bytes) -> Callable[[int, int], bytes]:
-    """One EdgeMessage per connection, mutated per send: a serialization is one payload copy,
-    the same single copy the raw clients pay to stamp their header."""
-    fields = [
-        pb.PackedField(name=name, offset=4 * i, type=pb.FLOAT32) for i, name in enumerate("xyz")
-    ]
-    msg = pb.EdgeMessage(
-        frame=pb.Frame(
-            stream_id="cloud", point_cloud=pb.PointCloud(point_stride=12, fields=fields, data=cloud)
-        )
-    )
-    frame = msg.frame
+    """The SDK's encoding (``bridge.client.payload``): the cloud is serialized once as the
+    Frame's payload field; a send serializes only the small header (mutated in place) and
+    copies the payload once, as the raw clients do to stamp their header. (Serializing the
+    whole message with protobuf copies the payload twice: into upb's arena, then into bytes.)"""
+    payload = PreparedPayload.cloud(np.frombuffer(cloud, "<f4").reshape(-1, 3)).frame_bytes
+    frame = pb.Frame(stream_id="cloud")
+    prefix, nbytes = wire.length_prefix, len(payload)
 
     def encode(seq: int, now_ns: int) -> bytes:
         frame.seq = seq
         frame.capture_time_ns = now_ns
-        return msg.SerializeToString()
+        head = frame.SerializeToString()
+        return b"".join((prefix(EDGE_FRAME_KEY, len(head) + nbytes), head, payload))
 
     return encode
 
