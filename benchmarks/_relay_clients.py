@@ -26,9 +26,8 @@ from benchmarks._relay_common import (
     Conn,
 )
 from benchmarks._relay_servers import RELAY_INGEST_METHOD, grpc_options
-from bridge import wire
-from bridge.batches import EDGE_FRAME_KEY, edge_batch
-from bridge.client.payload import PreparedPayload
+from bridge.batches import edge_batch
+from bridge.client.payload import PreparedPayload, encode_frame
 from bridge.v1 import bridge_pb2 as pb
 
 
@@ -61,19 +60,14 @@ def raw_encoder(token: int, body: bytes) -> Callable[[int, int], bytes]:
 
 
 def bridge_encoder(cloud: bytes) -> Callable[[int, int], bytes]:
-    """The SDK's encoding (``bridge.client.payload``): the cloud is serialized once as the
-    Frame's payload field; a send serializes only the small header (mutated in place) and
-    copies the payload once, as the raw clients do to stamp their header. (Serializing the
-    whole message with protobuf copies the payload twice: into upb's arena, then into bytes.)"""
-    payload = PreparedPayload.cloud(np.frombuffer(cloud, "<f4").reshape(-1, 3)).frame_bytes
-    frame = pb.Frame(stream_id="cloud")
-    prefix, nbytes = wire.length_prefix, len(payload)
+    """What an edge built on ``bridge.client`` sends: the cloud prepared once, each frame its
+    small header plus that payload, so a send copies the payload once, as the raw clients do to
+    stamp their header. (Serializing a whole EdgeMessage with protobuf copies it twice: into
+    upb's arena, then into bytes.)"""
+    payload = PreparedPayload.cloud(np.frombuffer(cloud, "<f4").reshape(-1, 3))
 
     def encode(seq: int, now_ns: int) -> bytes:
-        frame.seq = seq
-        frame.capture_time_ns = now_ns
-        head = frame.SerializeToString()
-        return b"".join((prefix(EDGE_FRAME_KEY, len(head) + nbytes), head, payload))
+        return encode_frame("cloud", seq, now_ns, payload)
 
     return encode
 
