@@ -156,7 +156,7 @@ void sbv_frame_guesses(size_t *guessed, size_t *missed, int reset) {
     if (reset) backoff = skip = 0;
 }
 
-/* Whether this call may guess (then it counts as one), honouring the back-off. */
+/* Whether the back-off lets this call guess. */
 static int may_guess(void) {
     if (skip) {
         skip--;
@@ -165,7 +165,9 @@ static int may_guess(void) {
     return 1;
 }
 
+/* Count a guess that ran, and move the back-off by its outcome. */
 static void guess_outcome(int missed) {
+    guesses++;
     if (missed) {
         misses++;
         backoff = backoff * 2 + 1 < 63 ? backoff * 2 + 1 : 63;
@@ -223,7 +225,6 @@ static int downsample(job_t *job, double voxel_size, int threads, size_t cap, si
     if (tried_hash && job->sample_ok && n >= SBV_GUESS_MIN_POINTS && cap >= n && may_guess() &&
         guess_frame(job, n)) {
         job->guessed = 1;
-        guesses++;
         const int rc = sbvi_run_sorted(job, n, out_points, err, err_len);
         job->guessed = 0;
         guess_outcome(rc == SBVI_GUESS_MISS);
