@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
-from bridge import codec
+from bridge import codec, wire
 from bridge.cloud import CloudLayout
 from bridge.egress import EgressLog, Outgoing
 from bridge.errors import (
@@ -463,7 +463,7 @@ class BridgeCore:
             return WorkItem(stream, entry, frame, layout, points, data)
         return None
 
-    def complete(self, item: WorkItem, result: bytes | tuple[bytes, ...]) -> None:
+    def complete(self, item: WorkItem, result: bytes | tuple[wire.Part, ...]) -> None:
         """A worker produced the serialized ProcessedFrame core for ``item`` (one buffer, or
         parts joined only when sent, so a passthrough payload is not copied once more)."""
         stream = item.stream

@@ -28,7 +28,7 @@ class Outgoing:
     """One entry's wire bytes, marked in flight, as parts (joined once, by whoever writes them:
     alone or inside a batch); ``replay`` when it was sent before."""
 
-    parts: tuple[bytes, ...]
+    parts: tuple[wire.Part, ...]
     nbytes: int
     replay: bool
 
@@ -119,7 +119,7 @@ def frame_bytes(entry: Entry, extra_gap: Gap | None = None) -> bytes:
     return b"".join(frame_parts(entry, extra_gap))
 
 
-def frame_parts(entry: Entry, extra_gap: Gap | None = None) -> tuple[bytes, ...]:
+def frame_parts(entry: Entry, extra_gap: Gap | None = None) -> tuple[wire.Part, ...]:
     """:func:`frame_bytes` before the join (the push joins a whole batch at once)."""
     trailer = gap_trailer(entry, extra_gap)
     core = entry.item

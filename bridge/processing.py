@@ -13,7 +13,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import cast
 
 from bridge import wire
 from bridge.core import BridgeCore, WorkItem
@@ -48,7 +47,7 @@ def needs_worker(item: WorkItem, decimator: Decimator | None) -> bool:
 
 def process_frame(
     item: WorkItem, decimator: Decimator | None, clock: Clock = time.time_ns, threads: int = 1
-) -> tuple[bytes | tuple[bytes, ...], float, str | None]:
+) -> tuple[bytes | tuple[wire.Part, ...], float, str | None]:
     """Build the serialized ProcessedFrame core for ``item`` (no bridge_seq, no gap).
 
     Returns (bytes or parts to join, decimation seconds, error text or None). A passthrough
@@ -89,11 +88,11 @@ def process_frame(
         except ValueError as exc:  # e.g. voxel keys overflow int64 for this voxel size
             error = str(exc)
         else:
-            return cast(tuple[bytes, ...], encoded), time.perf_counter() - t0, None
+            return encoded, time.perf_counter() - t0, None
     info.output_points, info.backend = item.points, "passthrough"
     out.processed_time_ns = clock()
     if item.data is not None:  # spliced around the data already read out: no copy here
-        return cast(tuple[bytes, ...], cloud_parts(out, cloud, item.data)), 0.0, error
+        return cloud_parts(out, cloud, item.data), 0.0, error
     raw_cloud = cloud.SerializeToString()
     return (
         (out.SerializeToString(), wire.length_prefix(_POINT_CLOUD_KEY, len(raw_cloud)), raw_cloud),
@@ -193,7 +192,7 @@ class Processor:
         assert loop is not None
 
         def run() -> None:
-            result: tuple[bytes | tuple[bytes, ...], float, str | None]
+            result: tuple[bytes | tuple[wire.Part, ...], float, str | None]
             try:
                 result = process_frame(item, decimator, threads=threads)
             except Exception as exc:  # never lose the frame silently: report on the loop
@@ -204,7 +203,7 @@ class Processor:
         return run
 
     def _finish(
-        self, item: WorkItem, result: tuple[bytes | tuple[bytes, ...], float, str | None]
+        self, item: WorkItem, result: tuple[bytes | tuple[wire.Part, ...], float, str | None]
     ) -> None:
         self._in_flight -= 1
         charge = self._charges.pop(id(item), None)

@@ -216,7 +216,7 @@ class SinkPusher:
                     # TCP read often carries several messages) join this batch.
                     await asyncio.sleep(0)
                 continue
-            parts: list[bytes] = []
+            parts: list[wire.Part] = []
             nbytes = frames = 0
             highest = 0
             for entry in batch:
@@ -248,7 +248,7 @@ class SinkPusher:
     async def _write(
         self,
         call: grpc.aio.StreamStreamCall[bytes, pb.SinkAck],
-        parts: list[bytes],
+        parts: list[wire.Part],
         nbytes: int,
         highest: int,
     ) -> None:

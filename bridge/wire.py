@@ -11,6 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+Part = bytes | memoryview
+"""A piece of a message that is joined only when written: serialized bytes, or a view of
+received bytes (a passthrough cloud's points) that is never copied before then."""
+
 
 class _Field(Protocol):
     @property
