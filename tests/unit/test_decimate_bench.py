@@ -149,3 +149,22 @@ def test_c_vs_its_peers_is_also_measured_in_alternation(
     if report["env"]["open3d"] is not None:
         (o3d,) = peers["o3d best"].values()
         assert 0.05 < o3d < 1000
+
+
+def test_cpu_time_runs_print_no_thread_speed_up() -> None:
+    """Under ``--cpu-time`` a two-thread call's time is both threads' CPU time, so "c x2 / c x1"
+    would read as a slow-down (0.5 for a perfect speed-up): the summary says n/a instead; wall
+    time still gives the ratio."""
+    from benchmarks.decimate import Row
+
+    def row(method: str, mpts: float) -> Row:
+        return Row("lidar 1M v0.2", "lidar", 1_000_000, 0.2, method, mpts, 1 / mpts, 1, None)
+
+    rows = [row("c x1", 40.0), row("c x2", 41.0)]
+    try:
+        decimate_peers.use_cpu_time(True)
+        line = decimate_peers.ratio_summary(rows)
+        assert "c x2 / c x1 n/a" in line and "1.02" not in line
+    finally:
+        decimate_peers.use_cpu_time(False)
+    assert "c x2 / c x1 1.02" in decimate_peers.ratio_summary(rows)
