@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.decimate import lidar_like, uniform
 from bridge.decimate import available_backends, get_decimator
 from bridge.decimate.reference import downsample_packed
 from tests.unit.test_decimate import LAYOUTS, pack
@@ -38,22 +39,17 @@ SHAPES = ("sweep", "organized", "cube", "clusters", "curve")
 
 def cloud(shape: str, n: int, rng: np.random.Generator) -> np.ndarray:
     """``n`` points of ``shape`` in the order a sensor (or a file) would give them."""
-    if shape == "sweep":  # lidar in firing order: beams per azimuth step
-        beams = int(rng.choice([16, 32, 64]))
-        steps = n // beams + 1
-        az = np.repeat(np.linspace(0, 2 * np.pi, steps, endpoint=False), beams)[:n]
-        el = np.tile(np.linspace(-0.4, 0.2, beams), steps)[:n]
-        r = rng.uniform(1, rng.uniform(5, 120), n)
-        return np.stack(
-            [r * np.cos(el) * np.cos(az), r * np.cos(el) * np.sin(az), r * np.sin(el)], 1
-        )
+    if shape == "sweep":  # the benchmark's 64-beam lidar in firing order, at another scale
+        return lidar_like(n, int(rng.integers(2**31))) * rng.uniform(0.1, 3.0)
     if shape == "organized":  # a depth camera's rows over a smooth surface: long runs
         u, v = np.meshgrid(np.arange(640), np.arange(n // 640 + 1))
         z = 1 + 0.5 * np.sin(u / 50.0) + 0.3 * np.cos(v / 40.0)
         xyz = np.stack([(u - 320) / 525 * z, (v - 240) / 525 * z, z], -1)
         return xyz.reshape(-1, 3)[:n]
-    if shape == "cube":  # uniform, far from the origin
-        return rng.uniform(-1, 1, (n, 3)) * rng.uniform(0.1, 50) + rng.uniform(-1e4, 1e4, 3)
+    if shape == "cube":  # the benchmark's uniform cube, scaled and far from the origin
+        return uniform(n, int(rng.integers(2**31))) * rng.uniform(0.01, 5) + rng.uniform(
+            -1e4, 1e4, 3
+        )
     if shape == "clusters":
         centres = rng.uniform(-20, 20, (int(rng.integers(1, 50)), 3))
         spread = rng.normal(0, rng.uniform(0.01, 2), (n, 3))

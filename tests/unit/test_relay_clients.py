@@ -1,4 +1,4 @@
-"""The relay benchmark's bridge edges send exactly the SDK's bytes, whatever shortcut they take."""
+"""The relay benchmark's bridge edges send the SDK's bytes, and those bytes carry the frame."""
 
 from __future__ import annotations
 
