@@ -14,6 +14,7 @@ import numpy as np
 
 from benchmarks._relay_clients import Payload
 from benchmarks._relay_common import SIZES, BenchConfig, Cell, CellResult
+from benchmarks.hostinfo import cpu_description
 
 
 def _slice_rates(arrivals: np.ndarray, t0: int, t1: int) -> np.ndarray:
@@ -116,7 +117,7 @@ def report_header(cfg: BenchConfig) -> str:
             "message), bench = clients + sink, other = the rest of the machine",
             "acks/frame: messages the bridge sent its edges (acks, flow control) per frame, each "
             "a write the raw relay never makes",
-            f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
+            f"{os.cpu_count()} CPUs ({cpu_description()}), Python {platform.python_version()}, "
             f"grpcio {grpc.__version__}, malloc env: "
             f"{' '.join(f'{k}={v}' for k, v in _malloc_env().items()) or 'default'}",
             *(
@@ -229,6 +230,7 @@ def write_json(path: Path, results: list[CellResult], cfg: BenchConfig) -> None:
         "config": asdict(cfg) | {"sizes_bytes": {s: SIZES[s] for s in cfg.sizes}},
         "machine": {
             "cpus": os.cpu_count(),
+            "cpu": cpu_description(),
             "python": platform.python_version(),
             "grpcio": grpc.__version__,
             "platform": platform.platform(),

@@ -43,6 +43,7 @@ from benchmarks.decimate_peers import (
     use_cpu_time,
     use_server_allocator,
 )
+from benchmarks.hostinfo import cpu_description
 from bridge.cloud import CloudLayout, make_layout
 from bridge.decimate.backends import available_backends, get_decimator
 
@@ -409,6 +410,7 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> Report:
             "numpy": np.__version__,
             "open3d": getattr(o3d, "__version__", None),
             "cpus": _cpus(),
+            "cpu": cpu_description(),
             "c_threads": cpus,
             "backends": available_backends(),
             "machine": platform.machine(),
@@ -502,7 +504,8 @@ def _header(env: dict[str, Any]) -> str:
     )
     return (
         f"decimation bench: python {env['python']}, numpy {env['numpy']}, open3d {env['open3d']}, "
-        f"{env['cpus']} CPUs, C threads {env['c_threads']}\nbackends: {backends}\n"
+        f"{env['cpus']} CPUs ({env['cpu']}), C threads {env['c_threads']}\n"
+        f"backends: {backends}\n"
         f"allocator: {env['allocator']}\n"
     )
 

@@ -35,7 +35,8 @@ for n in (100_000, 1_000_000):
     for shape in ("lidar-shuffled", "uniform"):
         (out / f"{shape}{n}.s12").write_bytes(synthetic_case(shape, n, 0.2, 0).data)
 PYEOF
-echo "A = $REV, B = working tree; load $(cut -d' ' -f1-3 /proc/loadavg)"
+CPU=$(PYTHONPATH=$ROOT "$PY" -c 'from benchmarks.hostinfo import cpu_description as c; print(c())')
+echo "A = $REV, B = working tree; $CPU; load $(cut -d' ' -f1-3 /proc/loadavg)"
 if [ "${THREADS:-1}" -gt 1 ]; then
     "$OUT/decimate_ab" "$OUT/before.so" "$OUT/after.so" "$OUT/lidar100000.s12" 0.2 101 "$THREADS"
     "$OUT/decimate_ab" "$OUT/before.so" "$OUT/after.so" "$OUT/lidar1000000.s12" 0.2 31 "$THREADS"

@@ -29,6 +29,7 @@ def test_json_report_has_every_method(capsys: pytest.CaptureFixture[str]) -> Non
     assert len(counts) == 1, "every method except Open3D legacy bins identically"
     assert {g["method"] for g in report["gil"]} >= {"numpy"}
     assert all(r["mpts_per_s"] > 0 for r in report["results"])
+    assert report["env"]["cpu"], "figures are only comparable on the same kind of CPU"
 
 
 def test_inputs_are_deterministic() -> None:
