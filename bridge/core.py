@@ -468,7 +468,7 @@ class BridgeCore:
         parts joined only when sent, so a passthrough payload is not copied once more)."""
         stream = item.stream
         before = stream.ring.occupancy_bytes
-        size = len(result) if isinstance(result, bytes) else sum(len(p) for p in result)
+        size = len(result) if isinstance(result, bytes) else sum(map(len, result))
         stream.ring.complete(item.entry, result, size)
         committed = [(stream, e) for e in stream.ring.take_committable()]
         for pair in committed:

@@ -40,6 +40,8 @@ def encode_varint(value: int) -> bytes:
         raise ValueError("varints here are unsigned")
     if value < 0x80:
         return bytes((value,))
+    if value < 0x4000:  # a frame's length or a bridge_seq up to 16k: two bytes, no loop
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)

@@ -19,6 +19,15 @@ def test_varint_round_trips_and_matches_protobuf(value: int) -> None:
     assert reference == wire.field_key(pb.Frame.DESCRIPTOR, "seq", wire.WIRE_VARINT) + encoded
 
 
+def test_varint_lengths_at_their_boundaries() -> None:
+    for value, size in [(0, 1), (127, 1), (128, 2), (16383, 2), (16384, 3), (2**21 - 1, 3)]:
+        encoded = wire.encode_varint(value)
+        assert len(encoded) == size
+        assert wire.decode_varint(encoded, 0) == (value, size)
+        if value:
+            assert encoded == pb.Frame(seq=value).SerializeToString()[1:]
+
+
 @settings(deadline=None)
 @given(st.text(max_size=30), st.text(max_size=20), st.integers(min_value=0, max_value=2**63))
 def test_spliced_frame_equals_encoder(frame_id: str, stream_id: str, seq: int) -> None:
