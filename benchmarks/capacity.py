@@ -4,9 +4,10 @@ For each quota the bridge child runs in its own cgroup (v1 cpu controller, as ro
 throttle, the mechanism behind a pod's CPU limit) and is offered far more than it can process
 (100k-point lidar, decimated, gRPC, open-loop edges spread over processes). Printed per quota:
 delivered clouds/s, the bridge's CPU split into its event loop (main thread) and everything else
-(decimation workers, gRPC threads) per delivered cloud, and the longest stall; a PNG plots
-clouds/s against cores. The point: what an in-place CPU resize buys, and where the single loop
-stops it from buying more (docs/scaling.md).
+(decimation workers, gRPC threads) per delivered cloud, the longest stall, and what bound the
+row (the quota, the offered load, or the rest of the machine); a PNG plots clouds/s against
+cores. The point: what an in-place CPU resize buys, and where the single loop stops it from
+buying more (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from loadgen.procs import publish_procs
 from loadgen.sink import SinkServer
 
 CPU_V1 = Path("/sys/fs/cgroup/cpu")
+OFFERED_BOUND = 0.95  # delivered / offered at or above which the offered load was the limit
+QUOTA_USED = 0.9  # bridge cores / quota at or above which the quota was the limit
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -106,6 +109,18 @@ async def measure(cores: float, args: argparse.Namespace, tmp: Path) -> dict[str
     }
 
 
+def bound(row: dict[str, Any], offered: float) -> str:
+    """What held a quota's throughput: ``offered`` when the edges got almost everything they
+    offered delivered (the row is then only a lower bound: raise ``--offered``), ``quota`` when
+    the bridge used its whole CPU quota, else ``machine`` (the generator and the sink, on the
+    same cores, left the bridge less than its quota)."""
+    if row["clouds_per_s"] >= OFFERED_BOUND * offered:
+        return "offered"
+    if row["bridge_cores"] >= QUOTA_USED * row["cores"]:
+        return "quota"
+    return "machine"
+
+
 def render(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -136,7 +151,7 @@ async def main(args: argparse.Namespace) -> int:
     )
     print(
         f"{'cores':>5} {'clouds/s':>8} {'loop ms/cloud':>13} {'other ms/cloud':>14} "
-        f"{'bridge cores':>12} {'stall s':>7} {'gen lag':>7}"
+        f"{'bridge cores':>12} {'stall s':>7} {'gen lag':>7} {'bound':>7}"
     )
     rows = []
     for cores in args.cores:
@@ -145,11 +160,17 @@ async def main(args: argparse.Namespace) -> int:
         print(
             f"{r['cores']:>5g} {r['clouds_per_s']:>8.1f} {r['loop_ms_per_cloud']:>13.2f} "
             f"{r['other_ms_per_cloud']:>14.2f} {r['bridge_cores']:>12.2f} {r['stall_s']:>7.2f} "
-            f"{'LAGGED' if r['gen_lagged'] else 'ok':>7}",
+            f"{'LAGGED' if r['gen_lagged'] else 'ok':>7} {bound(r, args.offered):>7}",
             flush=True,
         )
     render(rows, args.png)
     print(f"# plot: {args.png}")
+    capped = [f"{r['cores']:g}" for r in rows if bound(r, args.offered) == "offered"]
+    if capped:
+        print(
+            f"# note: at {', '.join(capped)} core(s) the bridge delivered what was offered: "
+            "those rows are a lower bound on capacity (raise --offered)"
+        )
     return 0
 
 
