@@ -45,7 +45,7 @@ class _Target:
     def resize_workers(self, workers: int) -> None:
         self.calls += 1
 
-    def set_ring_budget(self, total_bytes: int, per_stream_floor: int) -> None:
+    def set_memory_budget(self, budget_bytes: int, reserve_bytes: int) -> None:
         self.calls += 1
 
     def set_gpu_healthy(self, healthy: bool) -> None:

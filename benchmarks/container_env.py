@@ -14,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.container_rig import REPO, ULIMITS
+from benchmarks.container_probe import ULIMITS
+from benchmarks.container_rig import REPO
 
 SCRIPTS = REPO / "scripts" / "container"
 RUNTIME = "/usr/sbin/runc"
