@@ -226,10 +226,19 @@ async def test_subscribers_that_never_read_get_gaps_not_memory(free_port: int) -
             response_deserializer=pb.ProcessedFrame.FromString,
         )
         calls = [subscribe(pb.SubscribeRequest()) for _ in range(4)]  # never read
-        edge = EdgeClient("ws", proc.ws_url, "good", [StreamConfig("cam")])
+        frames = 150 if HEAVY else 60
+        # The edge keeps every frame until delivered (its resend buffer holds them all): this
+        # case is about the bridge, and an open-loop edge that outruns its own link evicts
+        # frames, which a fast machine did at 150 frames (the sink then saw announced gaps).
+        edge = EdgeClient(
+            "ws",
+            proc.ws_url,
+            "good",
+            [StreamConfig("cam")],
+            resend_buffer_bytes=(frames + 1) * MAX_FRAME,
+        )
         await edge.start()
         cloud = xyz_cloud(np.random.default_rng(7).uniform(-5, 5, (BIG_POINTS, 3)))
-        frames = 150 if HEAVY else 60
         for _ in range(frames):
             await edge.publish("cam", cloud)
         assert await edge.wait_delivered(60)
@@ -239,6 +248,7 @@ async def test_subscribers_that_never_read_get_gaps_not_memory(free_port: int) -
         await channel.close()
         await edge.close()
     print(peak.report("4 subscribers never reading"))
+    assert edge.stats.dropped == 0, "the edge evicted frames from its own buffer"
     assert received.exactly("good", "cam", frames)
     dropped = [ln for ln in body.splitlines() if ln.startswith("bridge_subscriber_dropped_total")]
     assert dropped and float(dropped[0].split()[1]) > 0, "slow subscribers got no gaps"
@@ -248,12 +258,20 @@ async def test_subscribers_that_never_read_get_gaps_not_memory(free_port: int) -
 async def test_64_streams_of_maximum_frames_on_one_edge(free_port: int) -> None:
     received = Received()
     streams = [f"s{i}" for i in range(64)]
+    per_stream = 3 if HEAVY else 1
     async with bridge(free_port, "--max-streams-per-session", "64") as (proc, peak):
-        edge = EdgeClient("ws", proc.ws_url, "wide", [StreamConfig(s) for s in streams])
+        # Room for every frame at the edge: with the sink down it holds them all (the default
+        # 256 MiB evicted the oldest unsent ones past 64 frames: announced gaps, not exactly-once)
+        edge = EdgeClient(
+            "ws",
+            proc.ws_url,
+            "wide",
+            [StreamConfig(s) for s in streams],
+            resend_buffer_bytes=(len(streams) * per_stream + 1) * MAX_FRAME,
+        )
         await edge.start()
         # max_frame_bytes in the Welcome follows the plan: 48 MiB admission, 4 MiB configured
         cloud = xyz_cloud(np.random.default_rng(3).uniform(-5, 5, (BIG_POINTS, 3)))
-        per_stream = 3 if HEAVY else 1
         for _ in range(per_stream):
             for s in streams:
                 await edge.publish(s, cloud)
@@ -262,6 +280,7 @@ async def test_64_streams_of_maximum_frames_on_one_edge(free_port: int) -> None:
             assert await edge.wait_delivered(90)
         await edge.close()
     print(peak.report("64 streams x 4 MiB frames"))
+    assert edge.stats.dropped == 0, "the edge evicted frames from its own buffer"
     for s in streams:
         assert received.exactly("wide", s, per_stream)
     assert edge.stats.pauses > 0
