@@ -1,8 +1,9 @@
 """``make bench-capacity``: the most clouds/s the bridge sustains vs its CPU quota.
 
 For each quota the bridge child runs in its own cgroup (v1 cpu controller, as root: a real CFS
-throttle, the mechanism behind a pod's CPU limit) and is offered far more than it can process
-(100k-point lidar, decimated, gRPC, open-loop edges spread over processes). Printed per quota:
+throttle, the mechanism behind a pod's CPU limit) and is offered a fixed load meant to exceed
+what it can process (``--offered``, 100k-point lidar, decimated, gRPC, open-loop edges spread
+over processes; the ``bound`` column says where it did not). Printed per quota:
 delivered clouds/s, the bridge's CPU split into its event loop (main thread) and everything else
 (decimation workers, gRPC threads) per delivered cloud, the longest stall, and what bound the
 row (the quota, the offered load, or the rest of the machine); a PNG plots clouds/s against
