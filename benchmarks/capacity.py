@@ -157,16 +157,17 @@ async def main(args: argparse.Namespace) -> int:
     rows = []
     for cores in args.cores:
         r = await measure(cores, args, tmp)
+        r["bound"] = bound(r, args.offered)
         rows.append(r)
         print(
             f"{r['cores']:>5g} {r['clouds_per_s']:>8.1f} {r['loop_ms_per_cloud']:>13.2f} "
             f"{r['other_ms_per_cloud']:>14.2f} {r['bridge_cores']:>12.2f} {r['stall_s']:>7.2f} "
-            f"{'LAGGED' if r['gen_lagged'] else 'ok':>7} {bound(r, args.offered):>7}",
+            f"{'LAGGED' if r['gen_lagged'] else 'ok':>7} {r['bound']:>7}",
             flush=True,
         )
     render(rows, args.png)
     print(f"# plot: {args.png}")
-    capped = [f"{r['cores']:g}" for r in rows if bound(r, args.offered) == "offered"]
+    capped = [f"{r['cores']:g}" for r in rows if r["bound"] == "offered"]
     if capped:
         print(
             f"# note: at {', '.join(capped)} core(s) the bridge delivered what was offered: "
