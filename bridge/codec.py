@@ -204,29 +204,48 @@ LayoutKey = tuple[int, tuple[tuple[str, int, int], ...]]
 
 
 def layout_key(cloud: pb.PointCloud) -> LayoutKey:
-    """What identifies a layout; streams cache their validated layout under it."""
+    """What identifies a layout (stride and fields), as plain values."""
     return cloud.point_stride, tuple((f.name, f.offset, int(f.type)) for f in cloud.fields)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedLayout:
+    """A stream's last validated layout. ``fields`` are standalone copies of the messages it
+    was validated from: comparing a frame's fields with them runs in the protobuf runtime
+    (~0.4 us for four fields), where building the key tuple per frame cost ~2.8 us."""
+
+    stride: int
+    fields: list[pb.PackedField]
+    layout: CloudLayout
+
+    @classmethod
+    def of(cls, key: LayoutKey, layout: CloudLayout) -> CachedLayout:
+        fields = [pb.PackedField(name=n, offset=o, type=t) for n, o, t in key[1]]  # type: ignore[arg-type]
+        return cls(key[0], fields, layout)
+
+    def matches(self, cloud: pb.PointCloud) -> bool:
+        return cloud.point_stride == self.stride and cloud.fields == self.fields
 
 
 def cloud_layout(
     cloud: pb.PointCloud,
     limits: Limits,
-    cached: tuple[LayoutKey, CloudLayout] | None = None,
+    cached: CachedLayout | None = None,
     nbytes: int | None = None,
-) -> tuple[CloudLayout, int, LayoutKey]:
+) -> tuple[CloudLayout, int, CachedLayout]:
     """Validate a PointCloud's packed layout (unless ``cached`` already holds it) and its size.
 
-    Returns the layout, the point count and the layout's key. ``nbytes`` is ``len(cloud.data)``
-    when the caller already holds the data: the protobuf runtime copies a bytes field on every
-    access, which costs at 1 MB per frame.
+    Returns the layout, the point count and the cache entry for the next frame. ``nbytes`` is
+    ``len(cloud.data)`` when the caller already holds the data: the protobuf runtime copies a
+    bytes field on every access, which costs at 1 MB per frame.
     """
-    key = layout_key(cloud)
-    if cached is not None and cached[0] == key:
-        layout = cached[1]
+    if cached is not None and cached.matches(cloud):
+        entry = cached
     else:
-        layout = make_layout(key[0], list(key[1]))
+        key = layout_key(cloud)
+        entry = CachedLayout.of(key, make_layout(key[0], list(key[1])))
     size = len(cloud.data) if nbytes is None else nbytes
-    return layout, point_count(layout, size, limits.max_points), key
+    return entry.layout, point_count(entry.layout, size, limits.max_points), entry
 
 
 # -- large clouds without a parse of their points ----------------------------------------------

@@ -390,15 +390,17 @@ class BridgeCore:
         if stream.config.kind == KIND_POINT_CLOUD:
             if payload != "point_cloud":
                 raise InvalidLayout(f"stream {stream.stream_id!r} expects point_cloud frames")
-            cached = cast(tuple[codec.LayoutKey, CloudLayout] | None, stream.layout_cache)
+            cached = cast(codec.CachedLayout | None, stream.layout_cache)
             cloud = frame.point_cloud
             if nbytes is not None:  # the points are held apart already
-                layout, points, key = codec.cloud_layout(cloud, self.config.limits, cached, nbytes)
-                stream.layout_cache = (key, layout)
+                layout, points, entry = codec.cloud_layout(
+                    cloud, self.config.limits, cached, nbytes
+                )
+                stream.layout_cache = entry
                 return layout, points, None
             data = cloud.data
-            layout, points, key = codec.cloud_layout(cloud, self.config.limits, cached, len(data))
-            stream.layout_cache = (key, layout)
+            layout, points, entry = codec.cloud_layout(cloud, self.config.limits, cached, len(data))
+            stream.layout_cache = entry
             return layout, points, data if len(data) >= SPLIT_DATA_BYTES else None
         if payload != "telemetry":
             raise InvalidLayout(f"stream {stream.stream_id!r} expects telemetry frames")

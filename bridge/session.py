@@ -39,7 +39,7 @@ class Stream:
     delivered_seq: int = 0
     conn_last_seq: int = 0  # highest seq seen on the current connection (regression check)
     upstream_gap_frames: int = 0
-    layout_cache: tuple[object, object] | None = None  # (LayoutKey, CloudLayout) last validated
+    layout_cache: object | None = None  # codec.CachedLayout: the layout last validated
 
     @property
     def stream_id(self) -> str:

@@ -123,13 +123,13 @@ def test_cloud_layout_uses_the_cache_only_for_the_same_layout() -> None:
         fields=[pb.PackedField(name=a, offset=4 * i, type=pb.FLOAT32) for i, a in enumerate("xyz")],
         data=b"\x00" * 24,
     )
-    layout, points, key = codec.cloud_layout(cloud, LIMITS)
+    layout, points, cached = codec.cloud_layout(cloud, LIMITS)
     assert points == 2
-    again, _, _ = codec.cloud_layout(cloud, LIMITS, (key, layout))
-    assert again is layout
+    again, _, still = codec.cloud_layout(cloud, LIMITS, cached)
+    assert again is layout and still is cached
     cloud.fields[2].offset = 6  # overlaps y now: must be validated, not taken from the cache
     with pytest.raises(InvalidLayout):
-        codec.cloud_layout(cloud, LIMITS, (key, layout))
+        codec.cloud_layout(cloud, LIMITS, cached)
 
 
 @pytest.mark.parametrize("change", ["name", "type", "stride", "one more field", "one fewer field"])
@@ -141,7 +141,7 @@ def test_cloud_layout_cache_misses_on_any_change_of_the_layout(change: str) -> N
         fields.append(pb.PackedField(name="intensity", offset=12, type=pb.FLOAT32))
         return pb.PointCloud(point_stride=20, fields=fields, data=b"\x00" * 40)
 
-    layout, _, key = codec.cloud_layout(xyzi(), LIMITS)
+    layout, _, cached = codec.cloud_layout(xyzi(), LIMITS)
     cloud = xyzi()
     if change == "name":
         cloud.fields[3].name = "reflectivity"
@@ -153,9 +153,9 @@ def test_cloud_layout_cache_misses_on_any_change_of_the_layout(change: str) -> N
         cloud.fields.append(pb.PackedField(name="ring", offset=16, type=pb.UINT8))
     else:
         del cloud.fields[3]
-    fresh, _, fresh_key = codec.cloud_layout(cloud, LIMITS, (key, layout))
+    fresh, _, entry = codec.cloud_layout(cloud, LIMITS, cached)
     assert fresh is not layout and fresh != layout
-    assert fresh_key == codec.layout_key(cloud) != key
+    assert entry is not cached and entry.matches(cloud) and not cached.matches(cloud)
 
 
 # -- large clouds split without parsing their points --------------------------------------------
