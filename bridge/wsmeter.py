@@ -16,7 +16,16 @@ _CONTROL = 0x8  # opcodes 0x8-0xF
 class FrameMeter:
     """Tracks frame boundaries in the byte stream of one connection."""
 
-    __slots__ = ("_header", "_need", "_payload_left", "frames", "metered_bytes")
+    __slots__ = (
+        "_header",
+        "_need",
+        "_payload_left",
+        "first_byte",
+        "frames",
+        "head_at",
+        "mask",
+        "metered_bytes",
+    )
 
     def __init__(self) -> None:
         self._header = bytearray()  # header bytes of the frame being parsed
@@ -24,6 +33,18 @@ class FrameMeter:
         self._payload_left = 0  # payload bytes of the current frame still to come
         self.frames = 0  # data frames with a payload whose header was seen
         self.metered_bytes = 0  # payload bytes announced by data frames so far
+        # The header that announced the last payload: where it began in the bytes of the feed()
+        # call that announced it (-1: in an earlier call), its first byte (FIN, RSV, opcode) and
+        # its masking key (empty when unmasked).
+        self.head_at = -1
+        self.first_byte = 0
+        self.mask = b""
+
+    def skip_payload(self, nbytes: int) -> None:
+        """The caller took ``nbytes`` of the current payload itself (not fed through here)."""
+        if not 0 <= nbytes <= self._payload_left:
+            raise ValueError(f"{nbytes} bytes is not within the {self._payload_left} left")
+        self._payload_left -= nbytes
 
     @property
     def payload_left(self) -> int:
@@ -38,12 +59,15 @@ class FrameMeter:
         announced = 0
         view = memoryview(data)
         pos, end = 0, len(view)
+        start = -1
         while pos < end and not announced:
             if self._payload_left:
                 step = min(self._payload_left, end - pos)
                 self._payload_left -= step
                 pos += step
                 continue
+            if not self._header:
+                start = pos
             take = min(self._need - len(self._header), end - pos)
             self._header += view[pos : pos + take]
             pos += take
@@ -52,13 +76,16 @@ class FrameMeter:
             length = self._parse()
             if length is None:
                 continue  # the header is longer than we thought: read the rest
-            opcode = self._header[0] & 0x0F
-            self._header.clear()
-            self._need = 2
-            self._payload_left = length
-            if opcode < _CONTROL and length:
+            header = self._header
+            if header[0] & 0x0F < _CONTROL and length:
                 announced = length
                 self.frames += 1
+                self.head_at = start
+                self.first_byte = header[0]
+                self.mask = bytes(header[-4:]) if header[1] & 0x80 else b""
+            header.clear()
+            self._need = 2
+            self._payload_left = length
         self.metered_bytes += announced
         return pos, announced
 

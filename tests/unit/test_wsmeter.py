@@ -73,3 +73,17 @@ def test_feeding_stops_right_after_each_announcing_header() -> None:
     rest = (a + b)[8:]
     used, owed = meter.feed(rest)
     assert owed == 70_000 and used == 300 + len(b) - 70_000
+
+
+def test_an_announcing_header_says_where_it_began_its_first_byte_and_mask() -> None:
+    """What the adapter needs to take a whole small message itself (``_direct``)."""
+    ping, data = wire([Frame(OP_PING, b"p")], mask=True), wire([Frame(OP_BINARY, b"d" * 300)], True)
+    meter = FrameMeter()
+    used, owed = meter.feed(ping + data)
+    assert (owed, meter.head_at, meter.first_byte) == (300, len(ping), 0x82)
+    assert meter.mask == data[4:8] and used == len(ping) + 8
+    meter.skip_payload(300)  # taken by the caller: the next header starts right away
+    split = wire([Frame(OP_BINARY, b"e" * 10, fin=False)], mask=False)
+    assert meter.feed(split[:1]) == (1, 0)
+    assert meter.feed(split[1:]) == (1, 10)
+    assert (meter.head_at, meter.first_byte, meter.mask) == (-1, 0x02, b"")  # began earlier
