@@ -211,8 +211,9 @@ def layout_key(cloud: pb.PointCloud) -> LayoutKey:
 @dataclass(frozen=True, slots=True)
 class CachedLayout:
     """A stream's last validated layout. ``fields`` are standalone copies of the messages it
-    was validated from: comparing a frame's fields with them runs in the protobuf runtime
-    (~0.4 us for four fields), where building the key tuple per frame cost ~2.8 us."""
+    was validated from (holding the frame's own would keep the whole frame alive): comparing a
+    freshly parsed frame's fields with them costs ~3.3 us for four fields, building the key
+    tuple ~4.8 us."""
 
     stride: int
     fields: list[pb.PackedField]
