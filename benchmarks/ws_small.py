@@ -1,0 +1,125 @@
+"""What receiving one small WebSocket message costs: the bridge's adapter against ``websockets``.
+
+Why: at 1 KB a message the bridge's own work per frame is small enough that the WebSocket layer
+shows. The adapter (``bridge.ws_impl.GovernedConnection``) meters every frame header, asks the
+memory governor for each payload and, for a whole small binary message, unmasks and queues it
+without the library's frame parser. This feeds both connection classes the same reads (1, 3 or 8
+masked 1 KB messages each, as a closed-loop edge's reads hold) and receives every message the way
+ingest does, interleaved round by round, and prints CPU time per message (median of rounds).
+No sockets: a stub transport, so only the per-message Python is measured.
+
+    python -m benchmarks.ws_small [--size 1024] [--rounds 9] [--reads 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection
+from websockets.frames import Frame, Opcode
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+
+from bridge.governor import Governor
+from bridge.ws_impl import GovernedConnection
+
+PER_READ = (1, 3, 8)
+
+
+class _Transport(asyncio.Transport):
+    """Accepts writes, never pauses: the connection's bookkeeping without a socket."""
+
+    def write(self, data: Any) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+class _Server:
+    handler_tasks: set[asyncio.Task[None]] = set()
+
+    async def handler(self, connection: Any) -> None:
+        pass
+
+
+class _Governed(GovernedConnection):
+    governor = Governor(1 << 30)
+
+
+async def _open(cls: type[ServerConnection]) -> ServerConnection:
+    """A connection past its handshake, as the server would hand it to the handler."""
+    protocol = ServerProtocol(max_size=4 << 20)
+    protocol.state = State.OPEN
+    protocol.parser = protocol.parse()  # a parser for frames, not for the HTTP request
+    next(protocol.parser)
+    connection = cls(protocol, _Server(), ping_interval=None, max_queue=1)  # type: ignore[arg-type]
+    connection.connection_made(_Transport())
+    connection.request = object()  # type: ignore[assignment]
+    await asyncio.sleep(0)  # the (empty) handler task runs
+    return connection
+
+
+async def cost_us(cls: type[ServerConnection], read: bytes, per_read: int, reads: int) -> float:
+    """CPU microseconds per message: ``reads`` times, one read in, every message received."""
+    connection = await _open(cls)
+    governed = isinstance(connection, GovernedConnection)
+    start = time.process_time()
+    for _ in range(reads):
+        connection.data_received(read)
+        for _ in range(per_read):
+            message = await connection.recv()
+            if governed:
+                assert isinstance(connection, GovernedConnection)
+                connection.take(len(message)).release()
+    return (time.process_time() - start) / (reads * per_read) * 1e6
+
+
+async def run(size: int, rounds: int, reads: int) -> list[tuple[int, float, float]]:
+    rows = []
+    for per_read in PER_READ:
+        read = b"".join(
+            Frame(Opcode.BINARY, os.urandom(size)).serialize(mask=True, extensions=[])
+            for _ in range(per_read)
+        )
+        costs: dict[str, list[float]] = {"ws": [], "ours": []}
+        for _ in range(rounds):  # interleaved: drift hits both alike
+            costs["ws"].append(await cost_us(ServerConnection, read, per_read, reads))
+            costs["ours"].append(await cost_us(_Governed, read, per_read, reads))
+        rows.append((per_read, statistics.median(costs["ws"]), statistics.median(costs["ours"])))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=1024, help="payload bytes per message")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--reads", type=int, default=2000, help="reads per round")
+    args = parser.parse_args(argv)
+    rows = asyncio.run(run(args.size, args.rounds, args.reads))
+    print(f"receiving {args.size}-byte binary messages, CPU us per message (median of rounds)")
+    print("msgs/read  websockets  bridge adapter  adapter/websockets")
+    for per_read, plain, ours in rows:
+        print(f"{per_read:9d}  {plain:10.2f}  {ours:14.2f}  {ours / plain:18.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
