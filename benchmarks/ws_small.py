@@ -1,14 +1,17 @@
-"""What receiving one small WebSocket message costs: the bridge's adapter against ``websockets``.
+"""What receiving one WebSocket message costs: the bridge's adapter against ``websockets``.
 
 Why: at 1 KB a message the bridge's own work per frame is small enough that the WebSocket layer
 shows. The adapter (``bridge.ws_impl.GovernedConnection``) meters every frame header, asks the
-memory governor for each payload and, for a whole small binary message, unmasks and queues it
-without the library's frame parser. This feeds both connection classes the same reads (1, 3 or 8
-masked 1 KB messages each, as a closed-loop edge's reads hold) and receives every message the way
-ingest does, interleaved round by round, and prints CPU time per message (median of rounds).
-No sockets: a stub transport, so only the per-message Python is measured.
+memory governor for each payload and, for a whole binary message, unmasks and queues it without
+the library's frame parser (a large one once its reads are collected). This feeds both
+connection classes the same reads (1, 3 or 8 masked messages each, as a closed-loop edge's reads
+hold; in reads of at most 256 KiB, as the event loop delivers them), receives every message the
+way ingest does, interleaved round by round, and prints CPU time per message (median of rounds).
+No sockets: a stub transport, so only the per-message Python is measured; glibc's allocator is
+tuned as ``simbridge serve`` tunes it (without that, every large message is a fresh mmap).
 
     python -m benchmarks.ws_small [--size 1024] [--rounds 9] [--reads 2000]
+    python -m benchmarks.ws_small --size 1200000 --reads 100     # a 1.2 MB cloud
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from bridge.governor import Governor
+from bridge.memtrim import tune_allocator
 from bridge.ws_impl import GovernedConnection
 
 PER_READ = (1, 3, 8)
+READ_BYTES = 256 * 1024  # uvloop's largest socket read: what one data_received() gets at most
 
 
 class _Transport(asyncio.Transport):
@@ -82,8 +87,10 @@ async def cost_us(cls: type[ServerConnection], read: bytes, per_read: int, reads
     connection = await _open(cls)
     governed = isinstance(connection, GovernedConnection)
     start = time.process_time()
+    pieces = [read[i : i + READ_BYTES] for i in range(0, len(read), READ_BYTES)]
     for _ in range(reads):
-        connection.data_received(read)
+        for piece in pieces:
+            connection.data_received(piece)
         for _ in range(per_read):
             message = await connection.recv()
             if governed:
@@ -113,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--reads", type=int, default=2000, help="reads per round")
     args = parser.parse_args(argv)
+    tune_allocator()  # as `simbridge serve` does: large messages from the heap, not one mmap each
     rows = asyncio.run(run(args.size, args.rounds, args.reads))
     print(f"receiving {args.size}-byte binary messages, CPU us per message (median of rounds)")
     print("msgs/read  websockets  bridge adapter  adapter/websockets")

@@ -75,6 +75,8 @@ class GovernedConnection(ServerConnection):
         # The granted payload of a large frame as read so far (None: not collecting one); the
         # meter counts what is still to come.
         self.pieces: list[bytes] | None = None
+        # The header of the large payload being collected, when that payload skips the parser.
+        self.header: bytes | None = None
         self.queue_full = False  # websockets' own message queue asked to stop reading
         self.refused = False
         self.reading = True
@@ -118,6 +120,14 @@ class GovernedConnection(ServerConnection):
                 used = self._direct(used, owed)
                 if not used:
                     continue
+            elif owed >= WHOLE_PAYLOAD_BYTES:
+                direct, used = self._bypassable(used, owed)
+                if direct:  # the header stays here; the payload is collected, then unmasked
+                    self.header, self.stash = self.stash[:used], self.stash[used:]
+                    self._need(owed)
+                    if not self.refused:
+                        self.pieces = []
+                    continue
             chunk, self.stash = self.stash[:used], self.stash[used:]
             super().data_received(chunk)
             if hello:
@@ -141,29 +151,10 @@ class GovernedConnection(ServerConnection):
         its checks and errors are the library's own. Returns 0 when done here (or when a grant
         must wait: the header went to the parser as before), else how much of the stash goes to
         the parser now: up to the end of the header, as without this path."""
-        meter = self.meter
-        start = meter.head_at
-        if (
-            start < 0
-            or meter.first_byte != _FINAL_BINARY
-            or not meter.mask
-            or used + owed > len(self.stash)
-        ):
+        if used + owed > len(self.stash):
             return used
-        if start:  # control frames or the end of an earlier payload: the parser's, in order
-            before, self.stash = self.stash[:start], self.stash[start:]
-            super().data_received(before)
-            used -= start
-        protocol = self.protocol
-        limit = protocol.max_message_size
-        if (
-            protocol.state is not State.OPEN
-            or protocol.current_size is not None
-            or protocol.reader.buffer
-            or self.recv_messages.closed
-            or self.refused
-            or (limit is not None and owed > limit)
-        ):
+        direct, used = self._bypassable(used, owed)
+        if not direct:
             return used
         got = self.governor.request(Component.TRANSPORT, owed, self._granted)
         if not isinstance(got, Charge):
@@ -172,11 +163,37 @@ class GovernedConnection(ServerConnection):
             self._requested(got, owed)
             return 0
         self._hold(got)
+        meter = self.meter
         payload = apply_mask(memoryview(self.stash)[used : used + owed], meter.mask)
         self.stash = self.stash[used + owed :]
         meter.skip_payload(owed)
         self.recv_messages.put(Frame(Opcode.BINARY, payload))
         return 0
+
+    def _bypassable(self, used: int, owed: int) -> tuple[bool, int]:
+        """Whether the frame whose header ends at ``used`` may skip the parser: one final,
+        masked, binary frame within the size limit, its whole header in this read, the parser
+        at a frame boundary of an open connection. What the stash holds before that header
+        (control frames, the end of an earlier payload) goes to the parser first, in order;
+        returns the decision and ``used`` less those bytes."""
+        meter = self.meter
+        start = meter.head_at
+        if start < 0 or meter.first_byte != _FINAL_BINARY or not meter.mask:
+            return False, used
+        if start:
+            before, self.stash = self.stash[:start], self.stash[start:]
+            super().data_received(before)
+            used -= start
+        protocol = self.protocol
+        limit = protocol.max_message_size
+        return (
+            protocol.state is State.OPEN
+            and protocol.current_size is None
+            and not protocol.reader.buffer
+            and not self.recv_messages.closed
+            and not self.refused
+            and (limit is None or owed <= limit)
+        ), used
 
     def _parsing(self, nbytes: int) -> bool:
         """Whether websockets will read a payload of ``nbytes`` (not one it refuses as too big,
@@ -193,6 +210,15 @@ class GovernedConnection(ServerConnection):
         self.pieces.append(piece)
         if not self.meter.payload_left:
             pieces, self.pieces = self.pieces, None
+            header, self.header = self.header, None
+            if header is not None:
+                if self.protocol.state is State.OPEN and not self.recv_messages.closed:
+                    # Two copies of the payload (join, unmask) where the parser's path made
+                    # three (join into its buffer, its read, its unmask).
+                    payload = apply_mask(b"".join(pieces), self.meter.mask)
+                    self.recv_messages.put(Frame(Opcode.BINARY, payload))
+                    return
+                pieces.insert(0, header)  # closing meanwhile: the parser decides, as before
             reader = self.protocol.reader
             if reader.buffer:  # not expected (the header went in alone): append as websockets does
                 super().data_received(b"".join(pieces))
@@ -231,6 +257,7 @@ class GovernedConnection(ServerConnection):
         self.refused = True
         self.stash = b""
         self.pieces = None
+        self.header = None
         self._apply()
         limit = self.governor.admissible_bytes
         reason = f"frame of {nbytes} bytes can never fit the memory budget (max {limit})"
@@ -262,6 +289,7 @@ class GovernedConnection(ServerConnection):
         super().connection_lost(exc)
         self.stash = b""
         self.pieces = None
+        self.header = None
         if self.waiter is not None:
             self.governor.cancel(self.waiter)
             self.waiter = None
