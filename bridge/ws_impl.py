@@ -120,7 +120,7 @@ class GovernedConnection(ServerConnection):
                 used = self._direct(used, owed)
                 if not used:
                     continue
-            elif owed >= WHOLE_PAYLOAD_BYTES:
+            elif owed >= WHOLE_PAYLOAD_BYTES and not hello:
                 direct, used = self._bypassable(used, owed)
                 if direct:  # the header stays here; the payload is collected, then unmasked
                     self.header, self.stash = self.stash[:used], self.stash[used:]

@@ -15,6 +15,7 @@ import pytest
 from websockets.frames import Frame, Opcode
 
 from bridge.governor import Component, Governor
+from bridge.ws_impl import HELLO_BYTES
 from tests.unit.ws_stub import governed_connection
 
 
@@ -37,3 +38,17 @@ async def test_a_message_waiting_for_its_grant_is_queued_only_once_granted(size:
     assert got == payloads
     for message in got:
         connection.take(len(message)).release()
+
+
+async def test_a_hello_of_the_largest_size_is_still_forced_in_while_the_budget_is_full() -> None:
+    """The Hello (first message, up to HELLO_BYTES) never waits for a grant, on any path."""
+    governor = Governor(1 << 20)
+    hog = governor.force(Component.RING, governor.admissible_bytes)
+    connection = await governed_connection(governor)
+    hello = os.urandom(HELLO_BYTES)  # also the size where payloads are collected whole
+    connection.data_received(Frame(Opcode.BINARY, hello).serialize(mask=True, extensions=[]))
+    await asyncio.sleep(0)
+    assert connection.waiter is None
+    assert await asyncio.wait_for(connection.recv(), 1) == hello
+    connection.take(len(hello)).release()
+    hog.release()
