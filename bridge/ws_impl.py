@@ -215,7 +215,7 @@ class GovernedConnection(ServerConnection):
                 if self.protocol.state is State.OPEN and not self.recv_messages.closed:
                     # Two copies of the payload (join, unmask) where the parser's path made
                     # three (join into its buffer, its read, its unmask).
-                    payload = apply_mask(b"".join(pieces), self.meter.mask)
+                    payload = apply_mask(b"".join(pieces), header[-4:])  # its masking key
                     self.recv_messages.put(Frame(Opcode.BINARY, payload))
                     return
                 pieces.insert(0, header)  # closing meanwhile: the parser decides, as before
