@@ -43,7 +43,7 @@ from bridge.metrics import BridgeMetrics
 from bridge.ports import Edges, Received
 from bridge.settings import Settings
 from bridge.tls import certificate_names, server_ssl_context
-from bridge.wsmeter import FrameMeter
+from bridge.wsmeter import FrameMeter, Unread
 
 log = logging.getLogger("bridge.ws")
 
@@ -71,7 +71,7 @@ class GovernedConnection(ServerConnection):
         self.held: Charge | None = None  # granted bytes not yet handed to recv()'s caller
         self.hello: Charge | None = None  # the first message's, charged without waiting
         self.waiter: Waiter | None = None
-        self.stash = b""  # bytes of the current read behind an ungranted header
+        self.stash = Unread()  # bytes of the current read behind an ungranted header
         # The granted payload of a large frame as read so far (None: not collecting one); the
         # meter counts what is still to come.
         self.pieces: list[bytes] | None = None
@@ -105,7 +105,7 @@ class GovernedConnection(ServerConnection):
         if self.protocol.state is State.CONNECTING or self.refused:
             super().data_received(data)
             return
-        self.stash += data
+        self.stash.add(data)
         self._feed()
 
     def _feed(self) -> None:
@@ -114,7 +114,7 @@ class GovernedConnection(ServerConnection):
             if self.pieces is not None:
                 self._collect()
                 continue
-            used, owed = self.meter.feed(self.stash)
+            used, owed = self.meter.feed(self.stash.view())
             hello = owed and self.meter.frames == 1 and owed <= HELLO_BYTES
             if owed and not hello and owed < WHOLE_PAYLOAD_BYTES:
                 used = self._direct(used, owed)
@@ -123,13 +123,12 @@ class GovernedConnection(ServerConnection):
             elif owed >= WHOLE_PAYLOAD_BYTES and not hello:
                 direct, used = self._bypassable(used, owed)
                 if direct:  # the header stays here; the payload is collected, then unmasked
-                    self.header, self.stash = self.stash[:used], self.stash[used:]
+                    self.header = self.stash.take(used)
                     self._need(owed)
                     if not self.refused:
                         self.pieces = []
                     continue
-            chunk, self.stash = self.stash[:used], self.stash[used:]
-            super().data_received(chunk)
+            super().data_received(self.stash.take(used))
             if hello:
                 # The Hello never queues behind the data of others: an edge is always
                 # welcomed (and paused) even while the budget is full.
@@ -158,14 +157,13 @@ class GovernedConnection(ServerConnection):
             return used
         got = self.governor.request(Component.TRANSPORT, owed, self._granted)
         if not isinstance(got, Charge):
-            chunk, self.stash = self.stash[:used], self.stash[used:]
-            super().data_received(chunk)
+            super().data_received(self.stash.take(used))
             self._requested(got, owed)
             return 0
         self._hold(got)
         meter = self.meter
-        payload = apply_mask(memoryview(self.stash)[used : used + owed], meter.mask)
-        self.stash = self.stash[used + owed :]
+        payload = apply_mask(self.stash.view()[used : used + owed], meter.mask)
+        self.stash.skip(used + owed)
         meter.skip_payload(owed)
         self.recv_messages.put(Frame(Opcode.BINARY, payload))
         return 0
@@ -181,8 +179,7 @@ class GovernedConnection(ServerConnection):
         if start < 0 or meter.first_byte != _FINAL_BINARY or not meter.mask:
             return False, used
         if start:
-            before, self.stash = self.stash[:start], self.stash[start:]
-            super().data_received(before)
+            super().data_received(self.stash.take(start))
             used -= start
         protocol = self.protocol
         limit = protocol.max_message_size
@@ -205,7 +202,7 @@ class GovernedConnection(ServerConnection):
         """Hold the next stashed bytes of a large payload; hand the payload over once whole."""
         assert self.pieces is not None
         take = min(self.meter.payload_left, len(self.stash))
-        piece, self.stash = self.stash[:take], self.stash[take:]
+        piece = self.stash.take(take)
         self.meter.feed(piece)  # inside the payload: consumes exactly these bytes
         self.pieces.append(piece)
         if not self.meter.payload_left:
@@ -255,7 +252,7 @@ class GovernedConnection(ServerConnection):
     def _refuse(self, nbytes: int) -> None:
         """A frame that can never fit the current budget: close with 1009 and the reason."""
         self.refused = True
-        self.stash = b""
+        self.stash.clear()
         self.pieces = None
         self.header = None
         self._apply()
@@ -287,7 +284,7 @@ class GovernedConnection(ServerConnection):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        self.stash = b""
+        self.stash.clear()
         self.pieces = None
         self.header = None
         if self.waiter is not None:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from websockets.frames import Frame, Opcode
 
-from bridge.wsmeter import FrameMeter
+from bridge.wsmeter import FrameMeter, Unread
 
 OP_BINARY, OP_TEXT, OP_CONT = Opcode.BINARY, Opcode.TEXT, Opcode.CONT
 OP_PING, OP_PONG = Opcode.PING, Opcode.PONG
@@ -87,3 +87,22 @@ def test_an_announcing_header_says_where_it_began_its_first_byte_and_mask() -> N
     assert meter.feed(split[:1]) == (1, 0)
     assert meter.feed(split[1:]) == (1, 10)
     assert (meter.head_at, meter.first_byte, meter.mask) == (-1, 0x02, b"")  # began earlier
+
+
+def test_unread_bytes_are_taken_from_the_front_without_copying_the_rest() -> None:
+    unread = Unread()
+    read = bytes(range(200)) * 10
+    unread.add(read)
+    assert unread.take(5) == read[:5] and len(unread) == len(read) - 5
+    unread.skip(10)
+    assert bytes(unread.view()) == read[15:]
+    unread.add(b"next read")  # the rest of the first read once, then the new one
+    assert bytes(unread.view()) == read[15:] + b"next read"
+    rest = unread.take(len(unread))
+    assert rest == read[15:] + b"next read" and not unread
+    whole = b"x" * 1000
+    unread.add(whole)
+    assert unread.take(1000) is whole  # a read passed on whole is not copied
+    unread.add(b"abc")
+    unread.skip(99)  # past the end: nothing left, and nothing kept alive
+    assert len(unread) == 0 and bytes(unread.view()) == b""
