@@ -36,7 +36,7 @@ PER_READ = (1, 3, 8)
 READ_BYTES = 256 * 1024  # uvloop's largest socket read: what one data_received() gets at most
 
 
-class _Transport(asyncio.Transport):
+class StubTransport(asyncio.Transport):
     """Accepts writes, never pauses: the connection's bookkeeping without a socket."""
 
     def write(self, data: Any) -> None:
@@ -58,7 +58,7 @@ class _Transport(asyncio.Transport):
         return 0
 
 
-class _Server:
+class StubServer:
     handler_tasks: set[asyncio.Task[None]] = set()
 
     async def handler(self, connection: Any) -> None:
@@ -69,14 +69,15 @@ class _Governed(GovernedConnection):
     governor = Governor(1 << 30)
 
 
-async def _open(cls: type[ServerConnection]) -> ServerConnection:
-    """A connection past its handshake, as the server would hand it to the handler."""
-    protocol = ServerProtocol(max_size=4 << 20)
+async def open_connection(cls: type[ServerConnection], max_size: int = 4 << 20) -> ServerConnection:
+    """A connection past its handshake, as the server would hand it to the handler (the tests
+    of the adapter's paths use it too)."""
+    protocol = ServerProtocol(max_size=max_size)
     protocol.state = State.OPEN
     protocol.parser = protocol.parse()  # a parser for frames, not for the HTTP request
     next(protocol.parser)
-    connection = cls(protocol, _Server(), ping_interval=None, max_queue=1)  # type: ignore[arg-type]
-    connection.connection_made(_Transport())
+    connection = cls(protocol, StubServer(), ping_interval=None, max_queue=1)  # type: ignore[arg-type]
+    connection.connection_made(StubTransport())
     connection.request = object()  # type: ignore[assignment]
     await asyncio.sleep(0)  # the (empty) handler task runs
     return connection
@@ -84,7 +85,7 @@ async def _open(cls: type[ServerConnection]) -> ServerConnection:
 
 async def cost_us(cls: type[ServerConnection], read: bytes, per_read: int, reads: int) -> float:
     """CPU microseconds per message: ``reads`` times, one read in, every message received."""
-    connection = await _open(cls)
+    connection = await open_connection(cls)
     governed = isinstance(connection, GovernedConnection)
     start = time.process_time()
     pieces = [read[i : i + READ_BYTES] for i in range(0, len(read), READ_BYTES)]
