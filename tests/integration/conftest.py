@@ -119,3 +119,22 @@ def loop_guard() -> Callable[[], contextlib.AbstractContextManager[list[str]]]:
             pytest.fail(f"callbacks blocked the event loop:\n  {lines}", pytrace=False)
 
     return guard
+
+
+@pytest.fixture
+def ws_received(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
+    """The messages the bridge's WebSocket transport handed to ingest, in order."""
+    from bridge.ports import Received
+    from bridge.ws_impl import WsTransport
+
+    messages: list[bytes] = []
+    original = WsTransport.recv
+
+    async def spy(self: WsTransport) -> Received | None:
+        got = await original(self)
+        if got is not None:
+            messages.append(bytes(got.data))
+        return got
+
+    monkeypatch.setattr(WsTransport, "recv", spy)
+    yield messages

@@ -17,26 +17,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 from websockets.protocol import Protocol, Side
 
-from bridge.ports import Received
 from bridge.v1 import bridge_pb2 as pb
-from bridge.ws_impl import WsTransport
 from tests.integration.harness import cloud_frame, hello, running_bridge, wait_until, ws_url
-
-
-@pytest.fixture
-def received(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
-    """The messages the bridge's WebSocket transport handed to ingest, in order."""
-    messages: list[bytes] = []
-    original = WsTransport.recv
-
-    async def spy(self: WsTransport) -> Received | None:
-        got = await original(self)
-        if got is not None:
-            messages.append(bytes(got.data))
-        return got
-
-    monkeypatch.setattr(WsTransport, "recv", spy)
-    yield messages
 
 
 @pytest.fixture
@@ -84,7 +66,7 @@ async def welcomed(ws: ClientConnection) -> None:
 
 
 async def test_small_binary_messages_reach_ingest_without_the_parser(
-    parsed: list[bytes], received: list[bytes]
+    parsed: list[bytes], ws_received: list[bytes]
 ) -> None:
     wire = messages(1, 2, 3)
     async with (
@@ -94,14 +76,14 @@ async def test_small_binary_messages_reach_ingest_without_the_parser(
         await welcomed(ws)
         parsed.clear()
         ws.transport.write(b"".join(client_frame(Opcode.BINARY, m) for m in wire))  # one read
-        assert await wait_until(lambda: len(received) == 4, timeout=10)
-    assert received[1:] == wire  # unmasked right, in order, byte for byte
+        assert await wait_until(lambda: len(ws_received) == 4, timeout=10)
+    assert ws_received[1:] == wire  # unmasked right, in order, byte for byte
     fed = sum(map(len, parsed))
     assert fed < min(map(len, wire)), f"the parser was fed {fed} B of these messages"
 
 
 async def test_pings_and_fragments_between_messages_keep_their_place(
-    parsed: list[bytes], received: list[bytes], pongs: list[bytes]
+    parsed: list[bytes], ws_received: list[bytes], pongs: list[bytes]
 ) -> None:
     first, fragmented, last = messages(1, 2, 3)
     half = len(fragmented) // 2
@@ -121,9 +103,9 @@ async def test_pings_and_fragments_between_messages_keep_their_place(
         await welcomed(ws)
         parsed.clear()
         ws.transport.write(one_read)
-        assert await wait_until(lambda: len(received) == 4, timeout=10)
+        assert await wait_until(lambda: len(ws_received) == 4, timeout=10)
         assert await wait_until(lambda: pongs == [b"are you there"], timeout=5)
-    assert received[1:] == [first, fragmented, last]
+    assert ws_received[1:] == [first, fragmented, last]
     # The parser had the fragments and the ping (headers: a few bytes each), not the others.
     fed = sum(map(len, parsed))
     assert len(fragmented) <= fed < len(fragmented) + min(len(first), len(last)), fed
@@ -134,7 +116,7 @@ async def test_pings_and_fragments_between_messages_keep_their_place(
     [("unmasked", 1002), ("reserved bit", 1002), ("text", 1007), ("too large", 1009)],
 )
 async def test_frames_the_parser_refuses_still_close_the_connection(
-    case: str, code: int, received: list[bytes]
+    case: str, code: int, ws_received: list[bytes]
 ) -> None:
     (message,) = messages(1)
     if case == "unmasked":
@@ -157,4 +139,4 @@ async def test_frames_the_parser_refuses_still_close_the_connection(
             while True:
                 await ws.recv()
     assert closed.value.rcvd is not None and closed.value.rcvd.code == code
-    assert len(received) == 1  # only the Hello reached ingest
+    assert len(ws_received) == 1  # only the Hello reached ingest

@@ -16,28 +16,10 @@ from websockets.asyncio.client import connect
 from websockets.protocol import Protocol, Side
 from websockets.streams import StreamReader
 
-from bridge.ports import Received
 from bridge.v1 import bridge_pb2 as pb
-from bridge.ws_impl import WsTransport
 from tests.integration.harness import cloud_frame, hello, running_bridge, wait_until, ws_url
 
 POINTS = 100_000  # 1.2 MB of x, y, z
-
-
-@pytest.fixture
-def received(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
-    """The messages the bridge's WebSocket transport handed to ingest."""
-    messages: list[bytes] = []
-    original = WsTransport.recv
-
-    async def spy(self: WsTransport) -> Received | None:
-        got = await original(self)
-        if got is not None:
-            messages.append(bytes(got.data))
-        return got
-
-    monkeypatch.setattr(WsTransport, "recv", spy)
-    yield messages
 
 
 @pytest.fixture
@@ -71,7 +53,7 @@ def appended(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
 
 async def test_large_frames_arrive_intact_without_the_parser(
-    server_pieces: list[int], received: list[bytes]
+    server_pieces: list[int], ws_received: list[bytes]
 ) -> None:
     """A whole large binary message is collected, unmasked and queued by the adapter itself
     (``GovernedConnection._bypassable``): the parser never holds its payload."""
@@ -86,14 +68,14 @@ async def test_large_frames_arrive_intact_without_the_parser(
         assert welcome.WhichOneof("kind") == "welcome"
         for message in wire:  # back to back: a read ends one frame and starts the next
             await ws.send(message)
-        assert await wait_until(lambda: len(received) == 4, timeout=20)
-    assert received[1:] == wire  # what ingest got is what was sent, byte for byte
+        assert await wait_until(lambda: len(ws_received) == 4, timeout=20)
+    assert ws_received[1:] == wire  # what ingest got is what was sent, byte for byte
     big = [n for n in server_pieces if n >= len(frames[0].point_cloud.data) // 4]
     assert not big, f"large payloads reached the parser: {server_pieces}"
 
 
 async def test_a_fragmented_large_message_arrives_whole(
-    server_pieces: list[int], received: list[bytes]
+    server_pieces: list[int], ws_received: list[bytes]
 ) -> None:
     """Each large fragment is collected on its own; websockets joins the fragments."""
     message = pb.EdgeMessage(frame=cloud_frame("lidar", 1, n=POINTS)).SerializeToString()
@@ -107,13 +89,13 @@ async def test_a_fragmented_large_message_arrives_whole(
         await ws.recv(decode=False)
         await ws.send(fragments)  # one message in three frames
         await ws.send(pb.EdgeMessage(frame=cloud_frame("lidar", 2)).SerializeToString())
-        assert await wait_until(lambda: len(received) == 3, timeout=20)
-    assert received[1] == message
+        assert await wait_until(lambda: len(ws_received) == 3, timeout=20)
+    assert ws_received[1] == message
     assert sum(1 for n in server_pieces if n >= third) == 3
 
 
 async def test_a_large_payload_is_not_copied_again_into_the_parser_buffer(
-    appended: list[int], received: list[bytes]
+    appended: list[int], ws_received: list[bytes]
 ) -> None:
     """The joined payload becomes the parser's buffer: no second copy of 1.2 MB per frame."""
     message = pb.EdgeMessage(frame=cloud_frame("lidar", 1, n=POINTS)).SerializeToString()
@@ -125,7 +107,7 @@ async def test_a_large_payload_is_not_copied_again_into_the_parser_buffer(
         await ws.recv(decode=False)
         appended.clear()  # from here on, only what the client sends and the bridge reads
         await ws.send(message)
-        assert await wait_until(lambda: len(received) == 2, timeout=20)
-    assert received[1] == message
+        assert await wait_until(lambda: len(ws_received) == 2, timeout=20)
+    assert ws_received[1] == message
     # The client's own parser reads small replies only; a payload-sized append is the server's.
     assert max(appended) < len(message) // 2, f"appended to a parser buffer: {appended}"
