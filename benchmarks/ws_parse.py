@@ -2,8 +2,10 @@
 
 Why: its parser keeps unread bytes in a bytearray grown by reallocation, so a frame fed read by
 read is copied again and again; the bridge's WebSocket adapter therefore hands a large payload
-over in one piece (``bridge.ws_impl.GovernedConnection``). This prints the cost per frame for each
-piece size, side by side in one run (CPU time of this process, median of rounds).
+over in one piece (``bridge.ws_impl.GovernedConnection``), or, for a whole binary message,
+unmasks it itself without the parser (``python -m benchmarks.ws_small --size 1200000``). This
+prints the cost per frame for each piece size, side by side in one run (CPU time of this
+process, median of rounds).
 
     python -m benchmarks.ws_parse [--size 1200000] [--rounds 9] [--frames 20]
 """
