@@ -24,9 +24,9 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
+from benchmarks.ws_small import governed_connection, open_connection
 from bridge.governor import Governor
 from bridge.ws_impl import GovernedConnection
-from tests.unit.ws_stub import governed_connection, open_connection
 
 READ_BYTES = 256 * 1024  # the event loop's largest read
 EXAMPLES = int(os.environ.get("SIMBRIDGE_FUZZ_EXAMPLES", "100"))
@@ -110,9 +110,8 @@ def test_the_adapter_yields_what_websockets_yields(
         pos += cut
 
     async def both() -> tuple[list[bytes | str], list[bytes | str]]:
-        plain = await open_connection(ServerConnection)
-        governed = await governed_connection(Governor(64 << 20))
-        governed.meter.frames = 1  # past the Hello (forced, not granted)
+        plain = await open_connection(ServerConnection, 1 << 20)
+        governed = await governed_connection(Governor(64 << 20), 1 << 20)  # past the Hello
         return await _received(plain, reads), await _received(governed, reads)
 
     plain, ours = asyncio.run(both())

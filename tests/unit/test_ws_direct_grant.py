@@ -14,17 +14,16 @@ import os
 import pytest
 from websockets.frames import Frame, Opcode
 
+from benchmarks.ws_small import governed_connection
 from bridge.governor import Component, Governor
 from bridge.ws_impl import HELLO_BYTES
-from tests.unit.ws_stub import governed_connection
 
 
 @pytest.mark.parametrize("size", [1000, 100_000])  # the small path and the collected one
 async def test_a_message_waiting_for_its_grant_is_queued_only_once_granted(size: int) -> None:
     governor = Governor(1 << 20)
     hog = governor.force(Component.RING, governor.admissible_bytes)  # nothing left to grant
-    connection = await governed_connection(governor)
-    connection.meter.frames = 1  # the Hello came already: these are ordinary messages
+    connection = await governed_connection(governor)  # past the Hello: ordinary messages
     payloads = [os.urandom(size), os.urandom(size)]
     read = b"".join(Frame(Opcode.BINARY, p).serialize(mask=True, extensions=[]) for p in payloads)
     connection.data_received(read)
@@ -44,7 +43,7 @@ async def test_a_hello_of_the_largest_size_is_still_forced_in_while_the_budget_i
     """The Hello (first message, up to HELLO_BYTES) never waits for a grant, on any path."""
     governor = Governor(1 << 20)
     hog = governor.force(Component.RING, governor.admissible_bytes)
-    connection = await governed_connection(governor)
+    connection = await governed_connection(governor, hello_received=False)
     hello = os.urandom(HELLO_BYTES)  # also the size where payloads are collected whole
     connection.data_received(Frame(Opcode.BINARY, hello).serialize(mask=True, extensions=[]))
     await asyncio.sleep(0)
