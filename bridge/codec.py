@@ -215,17 +215,16 @@ class CachedLayout:
     freshly parsed frame's fields with them costs ~3.3 us for four fields, building the key
     tuple ~4.8 us."""
 
-    stride: int
     fields: list[pb.PackedField]
     layout: CloudLayout
 
     @classmethod
     def of(cls, key: LayoutKey, layout: CloudLayout) -> CachedLayout:
         fields = [pb.PackedField(name=n, offset=o, type=t) for n, o, t in key[1]]  # type: ignore[arg-type]
-        return cls(key[0], fields, layout)
+        return cls(fields, layout)
 
     def matches(self, cloud: pb.PointCloud) -> bool:
-        return cloud.point_stride == self.stride and cloud.fields == self.fields
+        return cloud.point_stride == self.layout.stride and cloud.fields == self.fields
 
 
 def cloud_layout(
