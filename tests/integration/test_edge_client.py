@@ -111,10 +111,12 @@ class FakeBridge:
         ]
         welcome = pb.Welcome(session_id=token, streams=states, resumed=resumed, limits=self.limits)
         await conn.send(pb.BridgeMessage(welcome=welcome))
-        for msg in self.on_welcome:
-            await conn.send(msg)
+        # Registered before anything follows the Welcome: a client may act on a pushed message
+        # (a PAUSE) before this coroutine resumes from sending it, and a broadcast must reach it.
         self.conns.append(conn)
         try:
+            for msg in self.on_welcome:
+                await conn.send(msg)
             while (msg := await conn.recv()) is not None:
                 frame = msg.frame
                 if msg.WhichOneof("kind") == "chunk":  # lanes: a frame counts at its last piece
