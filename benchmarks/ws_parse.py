@@ -5,7 +5,8 @@ read is copied again and again; the bridge's WebSocket adapter therefore hands a
 over in one piece (``bridge.ws_impl.GovernedConnection``), or, for a whole binary message,
 unmasks it itself without the parser (``python -m benchmarks.ws_small --size 1200000``). This
 prints the cost per frame for each piece size, side by side in one run (CPU time of this
-process, median of rounds).
+process, median of rounds), with glibc's allocator tuned as ``simbridge serve`` tunes it
+(``--default-malloc``: as glibc ships, where every large buffer is a fresh mmap).
 
     python -m benchmarks.ws_parse [--size 1200000] [--rounds 9] [--frames 20]
 """
@@ -19,6 +20,8 @@ import time
 
 from websockets.frames import Frame, Opcode
 from websockets.protocol import Protocol, Side, State
+
+from bridge.memtrim import tune_allocator
 
 PIECES = (16 * 1024, 64 * 1024, 256 * 1024)  # 256 KiB: the event loop's largest read
 
@@ -43,7 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=1_200_000, help="payload bytes")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--frames", type=int, default=20, help="frames per round")
+    parser.add_argument(
+        "--default-malloc", action="store_true", help="leave glibc's allocator untuned"
+    )
     args = parser.parse_args(argv)
+    if not args.default_malloc:
+        tune_allocator()  # as `simbridge serve` does: large buffers from the heap
     wire = Frame(Opcode.BINARY, os.urandom(args.size)).serialize(mask=True, extensions=[])
     pieces = (*PIECES, 0)
     rounds: dict[int, list[float]] = {p: [] for p in pieces}
@@ -51,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         for piece in pieces:
             rounds[piece].append(cost_us(wire, piece, args.frames))
     whole = statistics.median(rounds[0])
-    print(f"websockets parse of one {args.size}-byte masked frame, CPU us per frame (median)")
+    malloc = "glibc defaults" if args.default_malloc else "tuned as simbridge serve"
+    print(
+        f"websockets parse of one {args.size}-byte masked frame, CPU us per frame (median); "
+        f"allocator: {malloc}"
+    )
     for piece in pieces:
         label = "whole frame" if piece == 0 else f"{piece // 1024} KiB pieces"
         cost = statistics.median(rounds[piece])
