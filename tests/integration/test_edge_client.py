@@ -110,11 +110,12 @@ class FakeBridge:
             for s, a in sess.accepted.items()
         ]
         welcome = pb.Welcome(session_id=token, streams=states, resumed=resumed, limits=self.limits)
-        await conn.send(pb.BridgeMessage(welcome=welcome))
-        # Registered before anything follows the Welcome: a client may act on a pushed message
-        # (a PAUSE) before this coroutine resumes from sending it, and a broadcast must reach it.
+        # Registered before the Welcome goes out: a client may act on the Welcome (or on a
+        # PAUSE pushed after it) before this coroutine resumes from sending it, and the test's
+        # next broadcast must reach it. Writes are serialized, so the Welcome still goes first.
         self.conns.append(conn)
         try:
+            await conn.send(pb.BridgeMessage(welcome=welcome))
             for msg in self.on_welcome:
                 await conn.send(msg)
             while (msg := await conn.recv()) is not None:
@@ -451,6 +452,7 @@ async def test_drain_raises_with_the_undelivered_count(env: Env) -> None:
     await c.start()
     for i in range(3):
         await c.publish("a", b"%d" % i)
+    await env.fake.frames_at_least(3)  # release() delivers only what the fake has accepted
     await env.fake.release(upto=1)
     with pytest.raises(DeliveryTimeout) as info:
         await c.drain(timeout=0.3)
