@@ -23,7 +23,8 @@ pytestmark = pytest.mark.timeout(150)
 # The restart baseline counts one disconnect per edge per restart. On a loaded machine an edge can
 # still be reconnecting (the Drain's reconnect delay, then the new bridge's startup) when the next
 # restart comes; it is then not disconnected again (seen: 12-20 of 24 on a busy 2-core VM, never
-# a lost frame). The in-place checks have no such race.
+# a lost frame). The in-place checks have no such race. Only that exact count is marked; the
+# restart run's delivery, exit codes and stall are asserted strictly on their own.
 RESTART_RACE = pytest.mark.xfail(
     strict=False,
     reason="restart baseline: an edge still reconnecting at the next restart is not counted",
@@ -111,6 +112,25 @@ def test_memory_decrease_below_usage_is_held_and_planned_for_first(
     assert x["plan"]["memory_limit_bytes"] == x["memory_bytes"]  # planned for the new limit
 
 
+def test_restart_baseline_loses_nothing_and_stalls_longer_than_in_place(
+    outcome: tuple[dict[str, Any], Path],
+) -> None:
+    rep, _ = outcome
+    run = _run(rep, "restart")
+    s = builtin("ci-short")
+    restarts = len(s.resizes)
+    t = run["totals"]
+    # every restart disconnects the edges connected at that moment: at least the first one all
+    assert s.edges <= t["disconnects"] <= s.edges * restarts
+    assert t["lost"] == 0  # edges resend what was not delivered: nothing lost, only late
+    assert t["delivered"] == t["published"]
+    assert t["max_stall_s"] > 0
+    assert run["bridge"]["exit_codes"] == [0] * (restarts + 1)  # each drained cleanly
+    # the restart stalls delivery much longer than the in-place resizes ever did
+    in_place = _run(rep, "in-place")
+    assert t["max_stall_s"] > in_place["totals"]["max_stall_s"]
+
+
 @RESTART_RACE
 def test_restart_baseline_disconnects_every_edge_each_time(
     outcome: tuple[dict[str, Any], Path],
@@ -119,14 +139,6 @@ def test_restart_baseline_disconnects_every_edge_each_time(
     run = _run(rep, "restart")
     s = builtin("ci-short")
     restarts = len(s.resizes)
-    t = run["totals"]
-    assert t["disconnects"] == s.edges * restarts
-    assert t["lost"] == 0  # edges resend what was not delivered: nothing lost, only late
-    assert t["delivered"] == t["published"]
-    assert t["max_stall_s"] > 0
-    assert run["bridge"]["exit_codes"] == [0] * (restarts + 1)  # each drained cleanly
+    assert run["totals"]["disconnects"] == s.edges * restarts
     resize_phases = [p for p in run["phases"] if p["kind"] == "resize"]
     assert sum(p["disconnects"] for p in resize_phases) == s.edges * restarts
-    # the restart stalls delivery much longer than the in-place resizes ever did
-    in_place = _run(rep, "in-place")
-    assert t["max_stall_s"] > in_place["totals"]["max_stall_s"]
