@@ -8,7 +8,7 @@ prints the cost per frame for each piece size, side by side in one run (CPU time
 process, median of rounds), with glibc's allocator tuned as ``simbridge serve`` tunes it
 (``--default-malloc``: as glibc ships, where every large buffer is a fresh mmap).
 
-    python -m benchmarks.ws_parse [--size 1200000] [--rounds 9] [--frames 20]
+    python -m benchmarks.ws_parse [--size 1200000] [--rounds 9] [--frames 20] [--default-malloc]
 """
 
 from __future__ import annotations
