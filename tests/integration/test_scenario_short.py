@@ -25,6 +25,9 @@ pytestmark = pytest.mark.timeout(150)
 # restart comes; it is then not disconnected again (seen: 12-20 of 24 on a busy 2-core VM, never
 # a lost frame). The in-place checks have no such race. Only that exact count is marked; the
 # restart run's delivery, exit codes and stall are asserted strictly on their own.
+SHORT = builtin("ci-short")
+RESTARTS = len(SHORT.resizes)  # the restart baseline restarts the bridge at every resize step
+
 RESTART_RACE = pytest.mark.xfail(
     strict=False,
     reason="restart baseline: an edge still reconnecting at the next restart is not counted",
@@ -36,7 +39,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], P
     import asyncio
 
     out = tmp_path_factory.mktemp("reports")
-    rep = asyncio.run(run_scenario(builtin("ci-short"), out, backend="local"))
+    rep = asyncio.run(run_scenario(SHORT, out, backend="local"))
     return rep, out
 
 
@@ -65,8 +68,7 @@ def test_in_place_loses_nothing_and_never_disconnects(
     rep, _ = outcome
     run = _run(rep, "in-place")
     t = run["totals"]
-    s = builtin("ci-short")
-    assert t["published"] == s.edges * s.frames_per_edge
+    assert t["published"] == SHORT.edges * SHORT.frames_per_edge
     assert t["delivered"] == t["published"]
     assert (t["lost"], t["duplicates"], t["gap_frames"], t["disconnects"]) == (0, 0, 0, 0)
     assert t["undelivered_at_end"] == 0
@@ -117,15 +119,13 @@ def test_restart_baseline_loses_nothing_and_stalls_longer_than_in_place(
 ) -> None:
     rep, _ = outcome
     run = _run(rep, "restart")
-    s = builtin("ci-short")
-    restarts = len(s.resizes)
     t = run["totals"]
     # every restart disconnects the edges connected at that moment: at least the first one all
-    assert s.edges <= t["disconnects"] <= s.edges * restarts
+    assert SHORT.edges <= t["disconnects"] <= SHORT.edges * RESTARTS
     assert t["lost"] == 0  # edges resend what was not delivered: nothing lost, only late
     assert t["delivered"] == t["published"]
     assert t["max_stall_s"] > 0
-    assert run["bridge"]["exit_codes"] == [0] * (restarts + 1)  # each drained cleanly
+    assert run["bridge"]["exit_codes"] == [0] * (RESTARTS + 1)  # each drained cleanly
     # the restart stalls delivery much longer than the in-place resizes ever did
     in_place = _run(rep, "in-place")
     assert t["max_stall_s"] > in_place["totals"]["max_stall_s"]
@@ -137,8 +137,6 @@ def test_restart_baseline_disconnects_every_edge_each_time(
 ) -> None:
     rep, _ = outcome
     run = _run(rep, "restart")
-    s = builtin("ci-short")
-    restarts = len(s.resizes)
-    assert run["totals"]["disconnects"] == s.edges * restarts
+    assert run["totals"]["disconnects"] == SHORT.edges * RESTARTS
     resize_phases = [p for p in run["phases"] if p["kind"] == "resize"]
-    assert sum(p["disconnects"] for p in resize_phases) == s.edges * restarts
+    assert sum(p["disconnects"] for p in resize_phases) == SHORT.edges * RESTARTS
