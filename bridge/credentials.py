@@ -1,5 +1,6 @@
 """Per-device credentials: a token file binding device ids to tokens (sans-I/O parsing and
-checking; :class:`DeviceTokenFile` re-reads the file when it changes).
+checking; :class:`DeviceTokenFile` re-reads the file when it changes, at most one ``stat`` per
+``device_tokens_check_seconds``).
 
 Why: with one shared ``auth_token`` any edge may speak for any device id. With a token file,
 a device proves its id, so its Hello may also take over its own live session (a restarted
@@ -19,10 +20,15 @@ import hashlib
 import hmac
 import logging
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 log = logging.getLogger("bridge.credentials")
+
+# ~50,000 devices at ~85 bytes a line; parsing one this size takes ~0.25 s of loop CPU (AMD
+# EPYC), paid once per change of the file. A larger file is refused (the last good one stays).
+MAX_TOKEN_FILE_BYTES = 4 * 1024 * 1024
 
 
 class CredentialFileError(ValueError):
@@ -57,6 +63,21 @@ def parse_device_tokens(text: str, source: str = "device tokens") -> dict[str, s
     return entries
 
 
+def read_device_tokens(path: str, max_bytes: int = MAX_TOKEN_FILE_BYTES) -> dict[str, str]:
+    """Read and parse the token file, reading at most ``max_bytes`` + 1 bytes of it; an
+    oversize or non-UTF-8 file raises :class:`CredentialFileError` naming the problem."""
+    with open(path, "rb") as f:
+        raw = f.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise CredentialFileError(f"{path}: larger than {max_bytes} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise CredentialFileError(f"{path}:{line}: not UTF-8 text ({exc.reason})") from None
+    return parse_device_tokens(text, path)
+
+
 @dataclass(frozen=True)
 class DeviceTokens:
     entries: Mapping[str, str]
@@ -70,30 +91,66 @@ class DeviceTokens:
 
 
 class DeviceTokenFile:
-    """The token file, re-read when its modification time or size changes. A file that turns
-    unreadable or invalid keeps the last good entries (logged once per change)."""
+    """The token file, looked at no more than once per ``check_seconds`` (one ``stat``) and
+    read and parsed again only when its identity, size or times changed.
 
-    def __init__(self, path: str) -> None:
+    Why: the check runs on the event loop inside every Hello. A file that turns unreadable,
+    oversize, not UTF-8 or invalid keeps the last good entries and is logged once; the same
+    bad version is never read twice, so a huge broken file costs one parse, not one per Hello.
+    A bad file at startup raises (the constructor reads it), which is a clear startup error.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        check_seconds: float = 1.0,
+        max_bytes: int = MAX_TOKEN_FILE_BYTES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.path = path
-        self._stamp: tuple[int, int] | None = None
-        self._tokens = DeviceTokens({})
-        self.reload()
-
-    def reload(self) -> None:
-        stat = os.stat(self.path)
-        stamp = (stat.st_mtime_ns, stat.st_size)
-        if stamp == self._stamp:
-            return
-        with open(self.path, encoding="utf-8") as f:
-            entries = parse_device_tokens(f.read(), self.path)
-        self._tokens, self._stamp = DeviceTokens(entries), stamp
-        log.info("device tokens: %d devices from %s", len(entries), self.path)
+        self.check_seconds = check_seconds
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._stamp: tuple[int, ...] | None = _stamp(os.stat(path))
+        self._tokens = DeviceTokens(read_device_tokens(path, max_bytes))
+        self._stat_problem = ""  # the last stat failure logged, so each is logged once
+        self._next_check = clock() + check_seconds
+        log.info("device tokens: %d devices from %s", len(self._tokens.entries), path)
 
     def current(self) -> DeviceTokens:
-        try:
-            self.reload()
-        except (OSError, CredentialFileError) as exc:
-            if self._stamp is not None:
-                log.error("device tokens: keeping the last good file: %s", exc)
-                self._stamp = None  # log once; the next good change reloads
+        now = self._clock()
+        if now >= self._next_check:
+            self._next_check = now + self.check_seconds
+            self._check()
         return self._tokens
+
+    def _check(self) -> None:
+        try:
+            stamp = _stamp(os.stat(self.path))
+        except OSError as exc:
+            self._stamp = None  # whatever appears at the path next is read
+            if str(exc) != self._stat_problem:
+                self._stat_problem = str(exc)
+                log.error("device tokens: keeping the last good file: %s", exc)
+            return
+        self._stat_problem = ""
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp  # good or bad, this version is not read again
+        try:
+            entries = read_device_tokens(self.path, self.max_bytes)
+        except (OSError, ValueError) as exc:  # CredentialFileError is a ValueError
+            log.error(
+                "device tokens: keeping the last good file (%d devices): %s",
+                len(self._tokens.entries),
+                exc,
+            )
+            return
+        self._tokens = DeviceTokens(entries)
+        log.info("device tokens: %d devices from %s", len(entries), self.path)
+
+
+def _stamp(st: os.stat_result) -> tuple[int, ...]:
+    """What changes when the file is rewritten in place or replaced (rename, new inode)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

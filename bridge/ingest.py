@@ -70,7 +70,10 @@ class IngestConfig:
             max_pending_connections=settings.max_pending_connections,
             bind_device_to_certificate=settings.bind_device_to_certificate,
             device_tokens=(
-                DeviceTokenFile(settings.device_tokens_file)
+                DeviceTokenFile(
+                    settings.device_tokens_file,
+                    check_seconds=settings.device_tokens_check_seconds,
+                )
                 if settings.device_tokens_file
                 else None
             ),

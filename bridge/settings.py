@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from bridge.credentials import parse_device_tokens
+from bridge.credentials import read_device_tokens
 from bridge.errors import ConfigError
 from bridge.settings_help import flag_help
 
@@ -97,6 +97,7 @@ class Settings:
     viewer_token: str = ""  # bearer token for Subscribe; empty = auth_token
     bind_device_to_certificate: bool = False  # mTLS: device id must be a name in the cert
     device_tokens_file: str = ""  # per-device tokens (bridge/credentials.py); reloaded on change
+    device_tokens_check_seconds: float = 1.0  # at most one stat of that file per this long
     metrics_auth: str = "token"  # with auth on, /metrics needs the token (token) or not (open)
     hello_timeout_seconds: float = 5.0  # a connection must say Hello within this
     max_pending_connections: int = 256  # connections that have not said Hello yet
@@ -255,8 +256,7 @@ def validate(s: Settings) -> list[str]:
     problems += _address_problems(s)
     if s.device_tokens_file:
         try:
-            text = Path(s.device_tokens_file).read_text(encoding="utf-8")
-            parse_device_tokens(text, s.device_tokens_file)
+            read_device_tokens(s.device_tokens_file)
         except (OSError, ValueError) as exc:
             problems.append(f"device_tokens_file: {exc}")
     if not 16 * 1024 <= s.grpc_window_bytes <= 64 * MiB:

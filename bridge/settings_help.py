@@ -69,6 +69,8 @@ HELP: dict[str, str] = {
     "own live session)",
     "device_tokens_file": "file of 'DEVICE_ID sha256:HEX' lines: each device proves its id with "
     "its own token (re-read when it changes); auth_token, if set, is still accepted",
+    "device_tokens_check_seconds": "device_tokens_file is looked at (one stat) at most once per "
+    "this long; a changed file is read and parsed once, a bad one keeps the last good entries",
     "metrics_auth": "with auth_token set: /metrics needs the token (token) or is open for "
     "Prometheus (open); /debug/* always needs it",
     "hello_timeout_seconds": "a connection must send Hello within this (also the gRPC "
