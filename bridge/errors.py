@@ -18,6 +18,7 @@ and the metrics read the same row, so a WebSocket edge and a gRPC edge are told 
     │   ├── TelemetryTooLarge telemetry above its own byte / entry limits
     │   ├── ChunkSequence     a FrameChunk out of order, overlapping, oversize or inconsistent
     │   ├── ChunkAbandoned    a chunked frame left incomplete
+    │   │   └── ChunksStalled  incomplete frames held too long without completing one (fatal)
     │   ├── CodecError        an encoded cloud that does not decode, or an unknown codec
     │   ├── BatchTooLarge     a FrameBatch above max_batch_frames or the telemetry bytes limit
     │   ├── Unauthenticated   missing/wrong bearer token
@@ -70,6 +71,7 @@ WIRE: dict[str, WireError] = {
     "chunk_sequence": WireError(pb.CHUNK_SEQUENCE, _POLICY, "INVALID_ARGUMENT", False),
     "chunk_too_large": WireError(pb.TOO_LARGE, _POLICY, "RESOURCE_EXHAUSTED", False),
     "chunk_abandoned": WireError(pb.CHUNK_ABANDONED, _POLICY, "INVALID_ARGUMENT", False),
+    "chunks_stalled": WireError(pb.CHUNK_ABANDONED, _POLICY, "RESOURCE_EXHAUSTED", True),
     "codec_error": WireError(pb.CODEC_ERROR, _POLICY, "INVALID_ARGUMENT", False),
     "batch_too_large": WireError(pb.TOO_LARGE, _TOO_BIG, "RESOURCE_EXHAUSTED", True),
 }
@@ -172,6 +174,13 @@ class ChunkTooLarge(ProtocolError):
 
 class ChunkAbandoned(ProtocolError):
     reason = "chunk_abandoned"
+
+
+class ChunksStalled(ChunkAbandoned):
+    """Fatal: the connection held incomplete chunked frames (charged memory) for
+    ``chunk_stall_seconds`` without a piece completing a frame (docs/protocol.md §3.2)."""
+
+    reason = "chunks_stalled"
 
 
 class CodecError(ProtocolError):

@@ -21,9 +21,11 @@ from typing import Any
 
 from bridge import codec
 from bridge.admission import Admission
+from bridge.chunks import DEFAULT_MAX_AGE_SECONDS
 from bridge.core import SPLIT_DATA_BYTES
 from bridge.credentials import DeviceTokenFile
 from bridge.errors import (
+    ChunksStalled,
     FrameTooLarge,
     HelloTimeout,
     ProtocolError,
@@ -31,7 +33,7 @@ from bridge.errors import (
     TooManyPending,
     Unauthenticated,
 )
-from bridge.governor import Charge
+from bridge.governor import Charge, Governor
 from bridge.logs import RateLimitedLog
 from bridge.metrics import BridgeMetrics
 from bridge.offload import OffLoopDecoder
@@ -57,6 +59,12 @@ class IngestConfig:
     max_pending_connections: int = 256
     device_tokens: DeviceTokenFile | None = None
     bind_device_to_certificate: bool = False
+    # Incomplete chunked frames (docs/protocol.md §3.2): dropped at this age, checked this
+    # often while any are held; a connection that holds them this long without completing a
+    # frame is closed.
+    chunk_max_age_seconds: float = DEFAULT_MAX_AGE_SECONDS
+    chunk_stall_seconds: float = 30.0
+    chunk_check_interval_seconds: float = 0.25
 
     @classmethod
     def from_settings(cls, settings: Settings, limits: codec.Limits) -> IngestConfig:
@@ -69,6 +77,9 @@ class IngestConfig:
             hello_timeout_seconds=settings.hello_timeout_seconds,
             max_pending_connections=settings.max_pending_connections,
             bind_device_to_certificate=settings.bind_device_to_certificate,
+            chunk_max_age_seconds=settings.chunk_max_age_seconds,
+            chunk_stall_seconds=settings.chunk_stall_seconds,
+            chunk_check_interval_seconds=settings.chunk_check_interval_seconds,
             device_tokens=(
                 DeviceTokenFile(
                     settings.device_tokens_file,
@@ -211,6 +222,10 @@ class EdgeConnection:
         self._send_lock = asyncio.Lock()
         self._task: asyncio.Task[Any] | None = None
         self._superseded = False
+        self._stalled = False  # closed by the chunk warden (held memory without progress)
+        self._governor: Governor | None = None  # the one every charge of ours comes from
+        self._grant_waiting = False  # our transport waits for a memory grant
+        self._chunks_held = asyncio.Event()  # incomplete chunked frames are held: watch them
         self._uplink: Uplink | None = None  # chunks and codecs (bridge.uplink)
         self._decoder: OffLoopDecoder | None = None  # large encoded clouds (bridge.offload)
         self._admission: Admission | None = None  # offers and flow control (bridge.admission)
@@ -230,12 +245,14 @@ class EdgeConnection:
         metrics.connections.labels(transport).inc()
         self._task = asyncio.current_task()
         ack_task: asyncio.Task[None] | None = None
+        warden: asyncio.Task[None] | None = None
         self.transport.on_wait(self._on_grant_wait)
         try:
             received = await self._first_message()
             if received is None:
                 return
             raw = received.data
+            self._governor = received.charge.governor
             received.charge.release()  # a Hello is parsed and dropped at once
             try:
                 msg = codec.decode_edge(raw, self._config.limits)
@@ -249,6 +266,7 @@ class EdgeConnection:
                 attached = core.hello(msg.hello, self, identity_proven=proven)
                 self.session, welcome = attached.session, attached.welcome
                 self._uplink = Uplink(msg.hello, self.session.streams, self._config.limits)
+                self._uplink.chunks.max_age_seconds = self._config.chunk_max_age_seconds
                 self._admission = Admission(core, edges, self.session, metrics, self.send)
                 edges.supersede(attached.superseded)
             except ProtocolError as exc:
@@ -267,13 +285,16 @@ class EdgeConnection:
             )
             ack_task = asyncio.create_task(self._ack_writer(), name="ack-writer")
             ack_task.add_done_callback(_log_ack_writer_failure)
+            warden = asyncio.create_task(self._chunk_warden(), name="chunk-warden")
+            warden.add_done_callback(_log_ack_writer_failure)
             try:
                 await self._read_loop()
             except asyncio.CancelledError:
-                if not self._superseded:
+                if not (self._superseded or self._stalled):
                     raise
-                # Our own cancel (see supersede): end the call normally so the transport sends
-                # its close/status to the old peer instead of treating it as a client cancel.
+                # Our own cancel (supersede, chunk warden): end the call normally so the
+                # transport sends its close/status to the peer instead of treating it as a
+                # client cancel.
                 if self._task is not None:
                     self._task.uncancel()
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -281,6 +302,8 @@ class EdgeConnection:
         finally:
             if ack_task is not None:
                 ack_task.cancel()
+            if warden is not None:
+                warden.cancel()
             if self._admission is not None:  # parked frames release their charges
                 await self._admission.close()
             if self._uplink is not None:
@@ -399,6 +422,8 @@ class EdgeConnection:
                 else:
                     ready = self._uplink.take(msg, size, owned, now)
                 del points
+                if self._uplink.chunks.in_progress:
+                    self._chunks_held.set()
                 charge = ready.charge
                 for refused in ready.errors:
                     await self._refuse(refused, fatal=False, frame=refused.frame)
@@ -457,6 +482,7 @@ class EdgeConnection:
 
     def _on_grant_wait(self, waiting: bool) -> None:
         """Reading stopped (or resumed) for a memory grant: session-wide flow control."""
+        self._grant_waiting = waiting
         if self._admission is not None:
             self._admission.on_grant_wait(waiting)
 
@@ -511,6 +537,45 @@ class EdgeConnection:
             if ack is not None:
                 await self.send(pb.BridgeMessage(ack=ack))
             await asyncio.sleep(interval)
+
+    async def _chunk_warden(self) -> None:
+        """While incomplete chunked frames are held, every ``chunk_check_interval_seconds``:
+        drop those past their age, cut the connection back to its fair share of admission
+        while other connections wait for memory, and close it once it has held frames for
+        ``chunk_stall_seconds`` without completing one. Each refusal goes to this edge only;
+        none of it waits for the edge to send another piece."""
+        assert self._uplink is not None and self._governor is not None
+        chunks, governor, config = self._uplink.chunks, self._governor, self._config
+        while True:
+            await self._chunks_held.wait()
+            while chunks.in_progress:
+                await asyncio.sleep(config.chunk_check_interval_seconds)
+                now = time.monotonic()
+                refusals = chunks.expire(now)
+                others_waiting = governor.waiting - (1 if self._grant_waiting else 0)
+                if others_waiting > 0:
+                    # Fair share: what admission may hold, split evenly between connections.
+                    share = governor.admissible_bytes // max(1, len(self._edges))
+                    refusals += chunks.shed(share, now)
+                for exc in refusals:
+                    await self._refuse(exc, fatal=False, frame=exc.frame)
+                held_for = chunks.stalled_for(now)
+                if chunks.in_progress and held_for >= config.chunk_stall_seconds:
+                    await self._close_stalled(held_for, chunks.charged_bytes)
+                    return
+            self._chunks_held.clear()
+
+    async def _close_stalled(self, held_for: float, held_bytes: int) -> None:
+        """Fatal ``CHUNK_ABANDONED``: the connection held memory without progress."""
+        self._stalled = True
+        exc = ChunksStalled(
+            f"held {held_bytes} bytes of incomplete chunked frames for {held_for:.1f} s "
+            f"without completing one (chunk_stall_seconds {self._config.chunk_stall_seconds:g})"
+        )
+        with contextlib.suppress(ConnectionError):
+            await self._refuse(exc, fatal=True)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # ends the read loop (gRPC: the call ends with the status set)
 
     def _drain_message(self) -> pb.BridgeMessage:
         return pb.BridgeMessage(

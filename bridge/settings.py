@@ -115,6 +115,13 @@ class Settings:
     # HTTP/2 receive window of each gRPC ingest call (fixed, no BDP probing): what an edge may
     # send ahead of our reads. Each open call is charged this much to the memory budget.
     grpc_window_bytes: int = 64 * 1024
+    # Incomplete chunked frames (docs/protocol.md §3.2). A 16 MiB frame takes 6.7 s over a
+    # 20 Mbit/s uplink; the age leaves twice that. A connection that holds incomplete frames for
+    # chunk_stall_seconds in all since it last completed one is closed (longer than the age, so
+    # a frame paused mid-way is only dropped, not its connection).
+    chunk_max_age_seconds: float = 15.0
+    chunk_stall_seconds: float = 30.0
+    chunk_check_interval_seconds: float = 0.25
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -261,6 +268,8 @@ def validate(s: Settings) -> list[str]:
             problems.append(f"device_tokens_file: {exc}")
     if not 16 * 1024 <= s.grpc_window_bytes <= 64 * MiB:
         problems.append("grpc_window_bytes: must be between 16384 (16 KiB) and 64 MiB")
+    if s.chunk_stall_seconds < s.chunk_max_age_seconds:
+        problems.append("chunk_stall_seconds: must be >= chunk_max_age_seconds")
     if s.sink_backoff_initial_seconds > s.sink_backoff_max_seconds:
         problems.append("sink_backoff_initial_seconds: must be <= sink_backoff_max_seconds")
     problems += _tls_problems(s)

@@ -84,6 +84,13 @@ HELP: dict[str, str] = {
     "max_batch_frames": "most frames an edge may put in one FrameBatch (0 = batches refused)",
     "grpc_window_bytes": "HTTP/2 receive window of each gRPC ingest call (16 KiB-64 MiB): how "
     "far an edge may send ahead of the bridge's reads; charged to the memory budget per call",
+    "chunk_max_age_seconds": "an incomplete chunked frame is dropped (CHUNK_ABANDONED) this "
+    "long after its first piece, whether or not more pieces come",
+    "chunk_stall_seconds": "a connection that has held incomplete chunked frames this long in "
+    "all since a piece last completed a frame is closed (fatal CHUNK_ABANDONED); at least "
+    "chunk_max_age_seconds",
+    "chunk_check_interval_seconds": "how often a connection holding incomplete chunked frames "
+    "checks their age, its fair share of memory and its stall deadline",
     "sink_ack_timeout_seconds": "frames in flight to the sink with no ack progress for this "
     "long: the push stream is reset and replayed",
     "sink_keepalive_seconds": "HTTP/2 keepalive ping interval on an idle push channel (gRPC "
