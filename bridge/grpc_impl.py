@@ -45,13 +45,23 @@ class GrpcTransport:
     waits for a grant of that size. Beyond grants, a call holds at most one HTTP/2 stream
     window (fixed, BDP probing is off) until we read; :func:`build_server` charges that window
     for as long as the call is open.
+
+    A message above ``max_frame_bytes`` is refused here, before any parsing, as websockets'
+    ``max_size`` refuses it on the WebSocket side: every EdgeMessage meets one size rule,
+    whichever path (split cloud, batch, parse) would take it next.
     """
 
     name = "grpc"
 
-    def __init__(self, context: grpc.aio.ServicerContext[Any, Any], governor: Governor) -> None:
+    def __init__(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        governor: Governor,
+        max_frame_bytes: int = Settings.max_frame_bytes,
+    ) -> None:
         self.context = context
         self.governor = governor
+        self.max_frame_bytes = max_frame_bytes
         self.expected = _FIRST_GRANT
         self.first = True
         self._notify: Callable[[bool], None] | None = None
@@ -111,6 +121,9 @@ class GrpcTransport:
         if data is grpc.aio.EOF:
             charge.release()
             return None
+        if len(data) > self.max_frame_bytes:
+            charge.release()
+            raise FrameTooLarge(f"message of {len(data)} bytes exceeds max {self.max_frame_bytes}")
         raw = bytes(data)
         charge.resize(len(raw))  # a larger message than granted is forced in (see above)
         self.expected = max(len(raw), 1)
@@ -159,7 +172,9 @@ def build_server(
     metrics: BridgeMetrics,
     governor: Governor,
 ) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
-    # Receive cap: the largest frame plus protobuf framing; gRPC's own default (4 MiB) is too small.
+    # Receive cap: gRPC's own default (4 MiB) is too small. The 64 KiB above max_frame_bytes
+    # lets a message just over the limit reach GrpcTransport.recv, which refuses it with the
+    # bridge's own error and counts it; beyond the cap gRPC refuses it itself (same status).
     max_msg = settings.max_frame_bytes + 64 * 1024
     server = grpc.aio.server(
         options=[
@@ -201,10 +216,12 @@ def build_server(
                 f"window (budget {governor.budget_bytes} bytes)",
             )
             return  # abort raises; this line is for the type checker
+        transport = GrpcTransport(context, governor, settings.max_frame_bytes)
         try:
-            await edges.serve(
-                GrpcTransport(context, governor), _bearer(context), _certificate_names(context)
-            )
+            await edges.serve(transport, _bearer(context), _certificate_names(context))
+        except ProtocolError as exc:  # refused by the transport itself (size, memory grant)
+            metrics.rejected.labels("grpc", exc.reason).inc()
+            await transport.reject(exc)
         finally:
             window.release()
 
