@@ -16,8 +16,11 @@ sees the frame, so rings, decimation and the sink only ever see raw records.
   byte per point when the field has that few (a sensor's 8- or 16-bit reflectivity stored as
   float), else byte planes. Padding is not carried (decoded as zeros). Point order is kept.
 
-Every size is checked before anything is decompressed: a decoder never allocates more than the
-limit it is given (a zstd bomb is refused by its header).
+Every size is checked before anything is decompressed: :func:`declared` reads only the headers
+and says what decoding will hold at its peak (output copies and scratch), so the caller charges
+that to the memory budget *before* inflating; a decoder never allocates more than the limit it is
+given, and zstd data must be exactly one frame of the stated size (a bomb, a lie or trailing
+frames are refused).
 """
 
 from __future__ import annotations
@@ -162,6 +165,54 @@ def _others(layout: CloudLayout) -> list[tuple[str, int, FieldType]]:
 # -- decoding (the bridge) --------------------------------------------------------------------
 
 
+#: Working memory of the quantized decoder per point, beyond its output (tracemalloc: 70-95 B a
+#: point for every layout and level count; tests/unit/test_compress.py holds the decoder to it).
+QUANTIZED_SCRATCH_PER_POINT = 100
+#: Fixed part of a decode's working memory (headers, small arrays, the interpreter's objects).
+DECODE_SLACK_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """What an encoded cloud's headers promise, read without inflating anything."""
+
+    layout: CloudLayout
+    points: int
+    decoded_bytes: int  # what ``PointCloud.data`` holds once decoded
+    #: The most the decode holds at once beyond the encoded bytes: the output, its copies (the
+    #: structured array, its bytes, protobuf's copy on assignment) and scratch. The caller
+    #: charges this to the memory budget before decoding.
+    peak_bytes: int
+
+
+def declared(cloud: pb.PointCloud, spec: CodecSpec, max_points: int, max_bytes: int) -> Declared:
+    """Read ``cloud``'s codec headers only (cost independent of the declared size): the
+    decoded size, checked against ``max_points`` and ``max_bytes``, and the decode's peak
+    memory. ``CodecError`` (or ``InvalidLayout``) for a header that cannot be honoured."""
+    key = (cloud.point_stride, [(f.name, f.offset, int(f.type)) for f in cloud.fields])
+    layout = make_layout(*key)  # InvalidLayout for a bad header, as for raw clouds
+    data = cloud.data
+    stride = layout.stride
+    if spec.codec == ZSTD:
+        try:
+            size = zstandard.frame_content_size(data)
+        except zstandard.ZstdError as exc:
+            raise CodecError(f"zstd data has no valid frame header: {exc}") from None
+        if size < 0 or size % stride:
+            raise CodecError(f"zstd frame must state a size that is a multiple of {stride}")
+        points = size // stride
+        _check_size(points, stride, max_points, max_bytes)
+        # byte planes, their transpose as bytes, protobuf's copy: three times the output
+        return Declared(layout, points, size, 3 * size + DECODE_SLACK_BYTES)
+    if len(data) < _QHEADER.size:
+        raise CodecError("quantized data shorter than its header")
+    points = _QHEADER.unpack_from(data)[0]
+    _check_size(points, stride, max_points, max_bytes)
+    decoded = points * stride
+    scratch = QUANTIZED_SCRATCH_PER_POINT * points + DECODE_SLACK_BYTES
+    return Declared(layout, points, decoded, 3 * decoded + scratch)
+
+
 def decode_cloud(
     cloud: pb.PointCloud, spec: CodecSpec, max_points: int, max_bytes: int
 ) -> tuple[int, int]:
@@ -172,14 +223,17 @@ def decode_cloud(
     if spec.codec == NONE:
         n = len(cloud.data)
         return n, n
-    key = (cloud.point_stride, [(f.name, f.offset, int(f.type)) for f in cloud.fields])
-    layout = make_layout(*key)  # InvalidLayout for a bad header, as for raw clouds
+    return decode_declared(cloud, spec, declared(cloud, spec, max_points, max_bytes))
+
+
+def decode_declared(cloud: pb.PointCloud, spec: CodecSpec, plan: Declared) -> tuple[int, int]:
+    """:func:`decode_cloud` once :func:`declared` has read the headers (and the caller has
+    charged ``plan.peak_bytes``): the decode holds at most that and yields exactly
+    ``plan.decoded_bytes``, or raises ``CodecError``."""
     data = cloud.data
     try:
-        if spec.codec == ZSTD:
-            out = _decode_zstd(data, layout, max_points, max_bytes)
-        else:
-            out = _decode_quantized(data, layout, max_points, max_bytes)
+        decode = _decode_zstd if spec.codec == ZSTD else _decode_quantized
+        out = decode(data, plan)
     except zstandard.ZstdError as exc:
         raise CodecError(f"{spec.name} data does not decode: {exc}") from None
     cloud.data = out
@@ -187,11 +241,17 @@ def decode_cloud(
 
 
 def _bounded(data: bytes, expected: int) -> bytes:
-    """Decompress one zstd frame that must hold exactly ``expected`` bytes (checked first)."""
-    size = zstandard.frame_content_size(data)
+    """Decompress one zstd frame that must hold exactly ``expected`` bytes (checked first);
+    bytes after that frame (a second frame, padding) are refused, not ignored."""
+    try:
+        size = zstandard.frame_content_size(data)
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"zstd data has no valid frame header: {exc}") from None
     if size != expected:
         raise CodecError(f"zstd frame holds {size} bytes, expected {expected}")
-    out = zstandard.ZstdDecompressor().decompress(data, max_output_size=expected)
+    out = zstandard.ZstdDecompressor().decompress(
+        data, max_output_size=expected, allow_extra_data=False
+    )
     if len(out) != expected:
         raise CodecError(f"zstd frame decoded to {len(out)} bytes, expected {expected}")
     return out
@@ -205,23 +265,14 @@ def _check_size(points: int, stride: int, max_points: int, max_bytes: int) -> No
         )
 
 
-def _decode_zstd(data: bytes, layout: CloudLayout, max_points: int, max_bytes: int) -> bytes:
-    try:
-        size = zstandard.frame_content_size(data)
-    except zstandard.ZstdError as exc:
-        raise CodecError(f"zstd data has no valid frame header: {exc}") from None
-    if size < 0 or size % layout.stride:
-        raise CodecError(f"zstd frame must state a size that is a multiple of {layout.stride}")
-    _check_size(size // layout.stride, layout.stride, max_points, max_bytes)
-    planes = np.frombuffer(_bounded(data, size), np.uint8)
-    return planes.reshape(layout.stride, -1).T.tobytes()
+def _decode_zstd(data: bytes, plan: Declared) -> bytes:
+    planes = np.frombuffer(_bounded(data, plan.decoded_bytes), np.uint8)
+    return planes.reshape(plan.layout.stride, -1).T.tobytes()
 
 
-def _decode_quantized(data: bytes, layout: CloudLayout, max_points: int, max_bytes: int) -> bytes:
-    if len(data) < _QHEADER.size:
-        raise CodecError("quantized data shorter than its header")
+def _decode_quantized(data: bytes, plan: Declared) -> bytes:
+    layout = plan.layout
     n, xyz_len, step, attr_step, levels = _QHEADER.unpack_from(data)
-    _check_size(n, layout.stride, max_points, max_bytes)
     if not (np.isfinite(step) and step > 0 and np.isfinite(attr_step) and attr_step >= 0):
         raise CodecError("quantized header has an invalid step")
     if levels > predictive.MAX_LEVELS:

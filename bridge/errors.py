@@ -20,6 +20,7 @@ and the metrics read the same row, so a WebSocket edge and a gRPC edge are told 
     │   ├── ChunkAbandoned    a chunked frame left incomplete
     │   │   └── ChunksStalled  incomplete frames held too long without completing one (fatal)
     │   ├── CodecError        an encoded cloud that does not decode, or an unknown codec
+    │   │   └── DecodeBudgetSpent  too much decode work refused on one connection (fatal)
     │   ├── BatchTooLarge     a FrameBatch above max_batch_frames or the telemetry bytes limit
     │   ├── Unauthenticated   missing/wrong bearer token
     │   └── SessionTaken      a Hello for a live device without that session's resume token
@@ -73,6 +74,7 @@ WIRE: dict[str, WireError] = {
     "chunk_abandoned": WireError(pb.CHUNK_ABANDONED, _POLICY, "INVALID_ARGUMENT", False),
     "chunks_stalled": WireError(pb.CHUNK_ABANDONED, _POLICY, "RESOURCE_EXHAUSTED", True),
     "codec_error": WireError(pb.CODEC_ERROR, _POLICY, "INVALID_ARGUMENT", False),
+    "decode_budget": WireError(pb.CODEC_ERROR, _POLICY, "RESOURCE_EXHAUSTED", True),
     "batch_too_large": WireError(pb.TOO_LARGE, _TOO_BIG, "RESOURCE_EXHAUSTED", True),
 }
 
@@ -185,6 +187,13 @@ class ChunksStalled(ChunkAbandoned):
 
 class CodecError(ProtocolError):
     reason = "codec_error"
+
+
+class DecodeBudgetSpent(CodecError):
+    """The connection's refused decodes cost more than ``refused_decode_budget_bytes`` beyond
+    what it decoded successfully: fatal, so one edge cannot keep the decoder busy for nothing."""
+
+    reason = "decode_budget"
 
 
 class BatchTooLarge(ProtocolError):

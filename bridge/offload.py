@@ -4,10 +4,13 @@ Why: decoding a 100k-point cloud takes 5-15 ms of CPU; on the event loop that de
 other connection and stream by as much, telemetry included. zstd and numpy release the GIL, so a
 worker thread decodes while the loop keeps reading and admitting other streams' frames.
 
-Per connection: at most one decode in flight (the memory budget holds one decoded frame per
-connection, charged once decoded); a later frame of the same stream, or the next cloud to
-decode, waits for it, so each stream's frames are admitted in the order they arrived. Frames of
-other streams may overtake the cloud being decoded (as with lanes on the uplink).
+Per connection: at most one decode in flight, and its declared peak memory (output, copies and
+scratch: :func:`bridge.compress.declared`) is granted by the memory budget *before* it starts,
+first come first served like received bytes; a later frame of the same stream, or the next cloud
+to decode, waits for it, so each stream's frames are admitted in the order they arrived. Frames
+of other streams may overtake the cloud being decoded (as with lanes on the uplink). A decode
+that is refused adds its declared size to the connection's refused work
+(:class:`bridge.uplink.RefusedDecodes`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from bridge.errors import ProtocolError
+from bridge.errors import FrameNeverFits, ProtocolError
 from bridge.governor import Charge
 from bridge.uplink import Uplink
 from bridge.v1 import bridge_pb2 as pb
@@ -78,7 +81,19 @@ class OffLoopDecoder:
     async def _decode_and_admit(self, frame: pb.Frame, size: int, charge: Charge) -> None:
         uplink = self._uplink
         try:
-            encoded, decoded = await asyncio.to_thread(uplink.decode_data, frame)
+            plan = uplink.plan(frame, admitted=True)
+            assert plan is not None  # only frames Uplink.offload chose come here
+            if not await _grow(charge, plan.peak_bytes):
+                raise FrameNeverFits(
+                    f"decoding this cloud needs {plan.peak_bytes} bytes; the memory budget "
+                    f"admits at most {charge.governor.admissible_bytes}",
+                    frame=pb.Frame(stream_id=frame.stream_id, seq=frame.seq),
+                )
+            try:
+                encoded, decoded = await asyncio.to_thread(uplink.decode_data, frame, plan)
+            except ProtocolError:
+                uplink.refusals.refused(plan.decoded_bytes)
+                raise
         except ProtocolError as exc:
             charge.release()
             await self._refuse(exc)
@@ -87,6 +102,44 @@ class OffLoopDecoder:
             charge.release()
             raise
         await self._admit(frame, uplink.settle(size, encoded, decoded, charge), charge, None)
+
+
+async def _grow(charge: Charge, nbytes: int) -> bool:
+    """Add ``nbytes`` to ``charge`` through admission: waits, first come first served, like
+    any received bytes (the connection reads nothing more meanwhile). False when the budget
+    can never grant it."""
+    governor = charge.governor
+    loop = asyncio.get_running_loop()
+    granted: asyncio.Future[Charge | None] = loop.create_future()
+
+    def on_grant(got: Charge | None) -> None:
+        if granted.cancelled():
+            if got is not None:
+                got.release()
+        else:
+            granted.set_result(got)
+
+    request = governor.request(charge.component, nbytes, on_grant)
+    if request is None:
+        return False
+    if isinstance(request, Charge):
+        got: Charge | None = request
+    else:
+        try:
+            got = await granted
+        except asyncio.CancelledError:
+            governor.cancel(request)
+            if granted.done() and not granted.cancelled() and (late := granted.result()):
+                late.release()  # granted, then cancelled before this task resumed
+            raise
+    if got is None:
+        return False
+    if got.tier is charge.tier:
+        charge.merge(got)
+    else:  # the frame's bytes were forced (not admitted): one charge of the frame's tier
+        charge.resize(charge.nbytes + got.nbytes)
+        got.release()
+    return True
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

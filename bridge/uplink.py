@@ -13,13 +13,42 @@ from dataclasses import dataclass, field
 
 from bridge import codec, compress
 from bridge.chunks import Reassembler, check_frame
-from bridge.errors import ProtocolError
+from bridge.errors import DecodeBudgetSpent, ProtocolError
 from bridge.governor import Charge
 from bridge.v1 import bridge_pb2 as pb
 
-#: Encoded clouds at least this large are decoded in a worker thread (~1 ms of CPU and more):
-#: the event loop keeps serving other streams meanwhile. Smaller ones are decoded inline.
-OFFLOAD_BYTES = 64 * 1024
+#: A decode whose declared peak memory (output and scratch, :func:`compress.declared`) is above
+#: this runs in a worker thread (~1 ms of CPU and more), after that peak is granted by the
+#: memory budget; smaller ones are decoded inline. Sized by what the headers *declare*, never by
+#: the encoded size: a 1 KB message may declare 16 MiB.
+INLINE_DECODE_BYTES = 256 * 1024
+#: Default of ``refused_decode_budget_bytes``: decoded bytes of refused decodes a connection may
+#: cost beyond what it decoded successfully before it is closed (``DecodeBudgetSpent``).
+REFUSED_DECODE_BUDGET_BYTES = 32 << 20
+
+
+@dataclass(slots=True)
+class RefusedDecodes:
+    """Decode work a connection made us do for nothing (sans-I/O). Every refused decode adds
+    its declared size; every successful one pays back as much; past ``budget_bytes`` the
+    connection is closed. An edge with an occasional corrupt frame never gets near it; an edge
+    that sends bombs costs at most the budget plus what its good frames cost anyway."""
+
+    budget_bytes: int
+    owed_bytes: int = 0
+
+    def refused(self, nbytes: int) -> None:
+        self.owed_bytes += nbytes
+
+    def decoded(self, nbytes: int) -> None:
+        self.owed_bytes = max(0, self.owed_bytes - nbytes)
+
+    def check(self) -> None:
+        if self.owed_bytes > self.budget_bytes:
+            raise DecodeBudgetSpent(
+                f"refused decodes on this connection cost {self.owed_bytes} decoded bytes, over "
+                f"refused_decode_budget_bytes {self.budget_bytes}"
+            )
 
 
 @dataclass(slots=True)
@@ -41,7 +70,13 @@ class Ready:
 class Uplink:
     """Per connection: the codecs its Hello declared and its incomplete chunked frames."""
 
-    def __init__(self, hello: pb.Hello, streams: Container[str], limits: codec.Limits) -> None:
+    def __init__(
+        self,
+        hello: pb.Hello,
+        streams: Container[str],
+        limits: codec.Limits,
+        refused_decode_budget_bytes: int = REFUSED_DECODE_BUDGET_BYTES,
+    ) -> None:
         self.codecs = {
             s.stream_id: spec
             for s in hello.streams
@@ -49,6 +84,7 @@ class Uplink:
         }
         self.limits = limits
         self.chunks = Reassembler(streams, limits.max_frame_bytes)
+        self.refusals = RefusedDecodes(refused_decode_budget_bytes)
 
     @staticmethod
     def check_hello(hello: pb.Hello) -> None:
@@ -107,53 +143,80 @@ class Uplink:
         points: memoryview | None = None,
     ) -> Ready:
         """``ready`` with ``frame`` decoded by its stream's codec, or with the refusal (and
-        ``charge`` released); a large encoded cloud is left for the caller to decode."""
-        if self.offload(frame):
-            ready.frame, ready.size, ready.charge, ready.encoded = frame, size, charge, True
-            return ready
+        ``charge`` released); a decode too large to run inline is left for the caller. A fatal
+        refusal (``DecodeBudgetSpent``) is raised, with ``charge`` released."""
         try:
+            if self.offload(frame):
+                ready.frame, ready.size, ready.charge, ready.encoded = frame, size, charge, True
+                return ready
             size = self.decode(frame, size, charge)
         except ProtocolError as exc:
             charge.release()
+            if exc.fatal:
+                raise
             ready.errors.append(exc)
             return ready
         ready.frame, ready.size, ready.charge, ready.points = frame, size, charge, points
         return ready
 
-    def offload(self, frame: pb.Frame) -> bool:
-        """Whether ``frame`` holds an encoded cloud worth decoding off the event loop."""
-        return (
-            frame.stream_id in self.codecs
-            and frame.WhichOneof("payload") == "point_cloud"
-            and len(frame.point_cloud.data) >= OFFLOAD_BYTES
-        )
-
-    def decode(self, frame: pb.Frame, size: int, charge: Charge) -> int:
-        """Decode ``frame``'s cloud in place when its stream has a codec; return the bytes it
-        now holds, which ``charge`` is resized to. A refusal (``ProtocolError`` naming the
-        frame) leaves ``charge`` to the caller."""
-        return self.settle(size, *self.decode_data(frame), charge)
-
-    def decode_data(self, frame: pb.Frame) -> tuple[int, int]:
-        """Decode ``frame``'s cloud in place; (encoded, decoded) bytes of its data. Touches
-        nothing but ``frame``: safe in a worker thread (zstd and numpy release the GIL)."""
+    def plan(self, frame: pb.Frame, *, admitted: bool = False) -> compress.Declared | None:
+        """What decoding ``frame``'s cloud will hold, from its headers only (``None``: no
+        codec). Refusals (``ProtocolError`` naming the frame) cost no decoding: a declared size
+        above the limits, or a connection whose refused decodes spent its budget (fatal; not
+        asked again once ``admitted``: the frame passed that check on arrival)."""
         spec = self.codecs.get(frame.stream_id)
         if spec is None or frame.WhichOneof("payload") != "point_cloud":
-            return 0, 0
+            return None
         try:
-            return compress.decode_cloud(
+            if not admitted:
+                self.refusals.check()
+            return compress.declared(
                 frame.point_cloud, spec, self.limits.max_points, self.limits.max_frame_bytes
             )
         except ProtocolError as exc:
             exc.frame = pb.Frame(stream_id=frame.stream_id, seq=frame.seq)
             raise
 
-    @staticmethod
-    def settle(size: int, encoded: int, decoded: int, charge: Charge) -> int:
-        """The frame's size once decoded; ``charge`` grows to it (by one decoded frame, at most
-        ``max_frame_bytes``, per connection at a time, like decimation's own)."""
+    def offload(self, frame: pb.Frame) -> bool:
+        """Whether ``frame`` holds an encoded cloud whose decode is too large for the event
+        loop (by its declared peak, :data:`INLINE_DECODE_BYTES`). Raises the refusals of
+        :meth:`plan`."""
+        plan = self.plan(frame)
+        return plan is not None and plan.peak_bytes > INLINE_DECODE_BYTES
+
+    def decode(self, frame: pb.Frame, size: int, charge: Charge) -> int:
+        """Decode ``frame``'s cloud in place (inline: its declared peak is small) when its
+        stream has a codec; return the bytes it now holds, which ``charge`` is resized to. The
+        peak is charged before decoding. A refusal (``ProtocolError`` naming the frame) leaves
+        ``charge`` to the caller."""
+        plan = self.plan(frame)
+        if plan is None:
+            return size
+        charge.resize(charge.nbytes + plan.peak_bytes)  # bounded by INLINE_DECODE_BYTES
+        try:
+            counts = self.decode_data(frame, plan)
+        except ProtocolError:
+            self.refusals.refused(plan.decoded_bytes)
+            raise
+        return self.settle(size, *counts, charge)
+
+    def decode_data(self, frame: pb.Frame, plan: compress.Declared) -> tuple[int, int]:
+        """Decode ``frame``'s cloud in place as ``plan`` (from :meth:`plan`) declared; (encoded,
+        decoded) bytes of its data. Touches nothing but ``frame``: safe in a worker thread (zstd
+        and numpy release the GIL). A refusal is counted with :meth:`refused` by the caller."""
+        spec = self.codecs[frame.stream_id]
+        try:
+            return compress.decode_declared(frame.point_cloud, spec, plan)
+        except ProtocolError as exc:
+            exc.frame = pb.Frame(stream_id=frame.stream_id, seq=frame.seq)
+            raise
+
+    def settle(self, size: int, encoded: int, decoded: int, charge: Charge) -> int:
+        """The frame's size once decoded; ``charge`` (which held the decode's peak) shrinks to
+        it, and the decoded bytes pay back refused decode work."""
+        self.refusals.decoded(decoded)
         size = size - encoded + decoded
-        charge.resize(max(charge.nbytes, size))
+        charge.resize(size)
         return size
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ precision, and the decoder refuses lies and bombs before allocating."""
 from __future__ import annotations
 
 import contextlib
+import tracemalloc
 import warnings
 
 import numpy as np
@@ -261,3 +262,86 @@ def test_any_xyz_block_of_the_right_size_decodes_or_is_refused(seed: int, garbag
     with warnings.catch_warnings(), contextlib.suppress(CodecError):
         warnings.simplefilter("error")
         compress.decode_cloud(_cloud(spliced(bytes(block))), spec, 10**6, 1 << 30)
+
+
+def _bomb(points: int, codec: int) -> tuple[pb.PointCloud, compress.CodecSpec]:
+    """A few hundred bytes that inflate to ``points`` records of zeros: legal, and maximal
+    work and memory per byte received."""
+    spec = compress.CodecSpec(codec, 0.001 if codec == compress.QUANTIZED else 0.0)
+    return _cloud(compress.encode(LAYOUT, np.zeros(points, DTYPE).tobytes(), spec)), spec
+
+
+@pytest.mark.parametrize("codec", [compress.ZSTD, compress.QUANTIZED])
+def test_declared_reads_headers_only_and_states_the_decoded_size(codec: int) -> None:
+    cloud, spec = _bomb(400_000, codec)
+    assert len(cloud.data) < 4096  # ~1 KB that declares 9.6 MB
+    tracemalloc.start()
+    try:
+        plan = compress.declared(cloud, spec, max_points=10**6, max_bytes=1 << 30)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024, f"reading the headers allocated {peak} B"
+    assert (plan.points, plan.decoded_bytes) == (400_000, 400_000 * 24)
+    assert plan.peak_bytes >= 3 * plan.decoded_bytes
+    with pytest.raises(CodecError):  # the same headers against a smaller limit: no work done
+        compress.declared(cloud, spec, max_points=399_999, max_bytes=1 << 30)
+
+
+F32 = pb.FLOAT32
+PEAK_LAYOUTS = {
+    12: [("x", 0, F32), ("y", 4, F32), ("z", 8, F32)],
+    16: [("x", 0, F32), ("y", 4, F32), ("z", 8, F32), ("i", 12, F32)],
+    24: FIELDS,
+}
+
+
+@pytest.mark.parametrize("stride", sorted(PEAK_LAYOUTS))
+@pytest.mark.parametrize("levels", [0, 4, 16])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        compress.CodecSpec(compress.ZSTD),
+        compress.CodecSpec(compress.QUANTIZED, 0.001),
+        compress.CodecSpec(compress.QUANTIZED, 0.001, 0.01),
+    ],
+    ids=["zstd", "quantized", "quantized-attr"],
+)
+def test_a_decode_holds_no_more_than_its_declared_peak(
+    stride: int, levels: int, spec: compress.CodecSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bytes charged before a decode (``Declared.peak_bytes``) bound what it allocates
+    (Python and NumPy allocations, as tracemalloc sees them), whatever the layout and levels."""
+    monkeypatch.setattr(compress, "LEVELS", levels)
+    fields = PEAK_LAYOUTS[stride]
+    layout = make_layout(stride, fields)  # type: ignore[arg-type]
+    rng = np.random.default_rng(stride + levels)
+    for n in (1000, 50_000):
+        records = np.zeros(n, layout.structured_dtype)
+        for f in layout.fields:
+            records[f.name] = rng.integers(0, 200, n) if f.name == "label" else rng.normal(0, 9, n)
+        cloud = pb.PointCloud(
+            point_stride=stride, data=compress.encode(layout, records.tobytes(), spec)
+        )
+        cloud.fields.extend(pb.PackedField(name=a, offset=o, type=t) for a, o, t in fields)  # type: ignore[misc]
+        plan = compress.declared(cloud, spec, 10**6, 1 << 30)
+        tracemalloc.start()
+        try:
+            compress.decode_declared(cloud, spec, plan)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert len(cloud.data) == plan.decoded_bytes
+        assert peak <= plan.peak_bytes, f"{n} points: peak {peak} B > declared {plan.peak_bytes}"
+
+
+def test_zstd_data_must_be_exactly_one_frame() -> None:
+    """Trailing bytes after the stated frame (a second frame, padding) are refused, not
+    skipped: what the edge sent is what is decoded."""
+    spec = compress.CodecSpec(compress.ZSTD)
+    good = compress.encode(LAYOUT, np.zeros(100, DTYPE).tobytes(), spec)
+    compress.decode_cloud(_cloud(good), spec, 10**6, 1 << 30)
+    trailing = zstandard.ZstdCompressor().compress(b"\x00" * (1 << 20))
+    for extra in (trailing, b"\x00" * 16):
+        with pytest.raises(CodecError, match="unused data"):
+            compress.decode_cloud(_cloud(good + extra), spec, 10**6, 1 << 30)

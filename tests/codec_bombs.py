@@ -1,0 +1,53 @@
+"""Codec bombs: a few hundred bytes that a codec stream's headers say inflate to a maximum cloud
+(for the uplink's unit tests, the integration tests and the container's hostile cases)."""
+
+from __future__ import annotations
+
+import numpy as np
+import zstandard
+
+from bridge import compress
+from bridge.cloud import make_layout
+from bridge.v1 import bridge_pb2 as pb
+
+FIELDS = [("x", 0, pb.FLOAT32), ("y", 4, pb.FLOAT32), ("z", 8, pb.FLOAT32)]
+FIELDS += [("ring", 12, pb.UINT16)]
+STRIDE = 16
+
+
+def quantized_bomb(points: int, *, poisoned: bool) -> bytes:
+    """~1 KB of quantized data declaring ``points`` records of zeros. ``poisoned``: the last
+    palette index points past the palette, which the decoder finds only once everything is
+    inflated (the most work an edge can make us do for a refusal)."""
+    layout = make_layout(STRIDE, FIELDS)  # type: ignore[arg-type]
+    spec = compress.CodecSpec(compress.QUANTIZED, 0.01)
+    good = compress.encode(layout, np.zeros(points, layout.structured_dtype).tobytes(), spec)
+    if not poisoned:
+        return good
+    header = compress._QHEADER.size + compress._FIELD.size  # one non-coordinate field
+    xyz_len = compress._QHEADER.unpack_from(good)[1]
+    steps = np.zeros(points, np.uint8)
+    steps[-1] = 1  # cumulative index 1 on a palette of one value
+    rest = np.zeros(1, "<u2").tobytes() + steps.tobytes()
+    rest_block = zstandard.ZstdCompressor(write_content_size=True).compress(rest)
+    return good[: header + xyz_len] + rest_block
+
+
+def frame(stream: str, seq: int, data: bytes) -> pb.Frame:
+    cloud = pb.PointCloud(point_stride=STRIDE, data=data)
+    cloud.fields.extend(pb.PackedField(name=n, offset=o, type=t) for n, o, t in FIELDS)  # type: ignore[misc]
+    return pb.Frame(stream_id=stream, seq=seq, point_cloud=cloud)
+
+
+def quantized_stream(stream_id: str) -> pb.StreamSpec:
+    return pb.StreamSpec(
+        stream_id=stream_id,
+        kind=pb.POINT_CLOUD,
+        codec=pb.CODEC_QUANTIZED,
+        codec_params=pb.CodecParams(step=0.01),
+    )
+
+
+def batch_of(frames: list[pb.Frame]) -> bytes:
+    """One ``EdgeMessage{batch}`` carrying ``frames``."""
+    return pb.EdgeMessage(batch=pb.FrameBatch(frames=frames)).SerializeToString()
