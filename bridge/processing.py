@@ -207,12 +207,12 @@ class Processor:
     ) -> None:
         self._in_flight -= 1
         charge = self._charges.pop(id(item), None)
-        if charge is not None:
-            charge.release()
         data, spent, error = result
         if not data:  # internal failure: deliver the raw frame so seq accounting stays whole
             data, spent, _ = process_frame(item, None)
-        self.core.complete(item, data)
+        self.core.complete(item, data)  # the ring now charges the result...
+        if charge is not None:
+            charge.release()  # ...so the worker's charge for it goes only now, never before
         if self._on_done is not None:
             self._on_done(item, spent, error)
         self._fill()  # a loop callback of its own, not inside a core call

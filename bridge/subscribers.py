@@ -10,6 +10,13 @@ or other viewers, never holds unbounded memory, and never guesses.
 
 All subscriber queues together may hold at most half the governor's reserve, split evenly over
 the connected subscribers (``share_bytes``); the rest of the reserve stays for forward progress.
+
+Charged before allocating (docs/design.md "Where memory goes"): a frame's charge is taken before
+its parts are joined, and covers, besides the shared buffer, each taker's copies while its stream
+sends it (grpc's copy of the bytes yielded, plus the frame joined with its gap trailer when one
+rides along). A subscriber keeps its last frame, and that charge, until it asks for the next one:
+the gRPC handler still references the bytes until then. A resumed viewer's backlog is serialized
+one frame at a time, force-charged for the same copies (at most ``max_subscribers`` frames).
 """
 
 from __future__ import annotations
@@ -18,10 +25,20 @@ import asyncio
 from collections import deque
 from collections.abc import Iterable, Iterator
 
-from bridge.egress import EgressLog, frame_bytes, gap_trailer
+from bridge.egress import EgressLog, frame_parts, gap_trailer
 from bridge.governor import Charge, Component, Governor
 from bridge.ring import Entry, Gap
 from bridge.session import Stream, StreamKey
+
+#: Copies of a backlog frame alive while it is sent: the join, and grpc's copy of it.
+BACKLOG_COPIES = 2
+
+
+def send_bytes(nbytes: int, trailer: int) -> int:
+    """What one subscriber's stream holds besides the shared buffer while it sends a frame of
+    ``nbytes``: grpc's copy, and the frame joined with a gap ``trailer`` when there is one."""
+    whole = nbytes + trailer
+    return whole + (whole if trailer else 0)
 
 
 class SharedFrame:
@@ -46,6 +63,7 @@ class Subscriber:
         self.queue_frames = queue_frames
         self.queued_bytes = 0
         self._queue: deque[tuple[SharedFrame, bytes] | None] = deque()
+        self._sending: SharedFrame | None = None  # returned by get(), held until the next one
         self._ready = asyncio.Event()
         self.missed: dict[StreamKey, Gap] = {}
 
@@ -63,10 +81,15 @@ class Subscriber:
         missed = self.missed.get(stream.key)
         self.missed[stream.key] = gap if missed is None else missed.merge(gap)
 
-    def put(self, stream: Stream, entry: Entry, shared: SharedFrame) -> None:
-        """Queue ``shared``; a pending gap for this stream rides in a small trailer."""
-        missed = self.missed.pop(stream.key, None)
-        trailer = b"" if missed is None else gap_trailer(entry, missed)
+    def trailer(self, stream: Stream, entry: Entry) -> bytes:
+        """The gap trailer ``entry`` would carry for this subscriber now (b"": none)."""
+        missed = self.missed.get(stream.key)
+        return b"" if missed is None else gap_trailer(entry, missed)
+
+    def put(self, stream: Stream, entry: Entry, shared: SharedFrame, trailer: bytes) -> None:
+        """Queue ``shared``; the pending gap for this stream rides in ``trailer``
+        (:meth:`trailer`, taken before the frame was charged)."""
+        self.missed.pop(stream.key, None)
         shared.refs += 1
         self.queued_bytes += len(shared.data) + len(trailer)
         self._queue.append((shared, trailer))
@@ -79,12 +102,19 @@ class Subscriber:
             await self._ready.wait()
         item = self._queue.popleft()
         if item is None:
+            self._done_sending()
             return None
         shared, trailer = item
         self.queued_bytes -= len(shared.data) + len(trailer)
         data = shared.data + trailer if trailer else shared.data
-        shared.drop_ref()
+        self._done_sending()  # only now: the caller held the previous frame's bytes until here
+        self._sending = shared
         return data
+
+    def _done_sending(self) -> None:
+        if self._sending is not None:
+            sending, self._sending = self._sending, None
+            sending.drop_ref()
 
     def close(self) -> None:
         """End the subscription after what is queued."""
@@ -92,7 +122,8 @@ class Subscriber:
         self._ready.set()
 
     def discard(self) -> None:
-        """The viewer went away: give back every shared frame still queued."""
+        """The viewer went away: give back every shared frame still queued (and the one sent)."""
+        self._done_sending()
         while self._queue:
             item = self._queue.popleft()
             if item is not None:
@@ -127,7 +158,7 @@ class SubscriberSet:
             )
         self._subs.add(sub)
         until = log.last_bridge_seq if from_bridge_seq else 0
-        return backlog(sub, log, from_bridge_seq, until)
+        return backlog(sub, log, from_bridge_seq, until, self.governor)
 
     def detach(self, sub: Subscriber) -> None:
         self._subs.discard(sub)
@@ -141,15 +172,20 @@ class SubscriberSet:
             wanting = [s for s in self._subs if s.wants(stream)]
             if not wanting:
                 continue
-            data = frame_bytes(entry)
-            takers = [s for s in wanting if s.has_room(len(data), share)]
-            charge = self.governor.try_charge(Component.SUBSCRIBERS, len(data)) if takers else None
+            parts = frame_parts(entry)
+            nbytes = sum(map(len, parts))
+            takers = [s for s in wanting if s.has_room(nbytes, share)]
+            charge = None
+            if takers:  # charged before the join: a refused frame is never copied
+                trailers = [s.trailer(stream, entry) for s in takers]
+                sends = sum(send_bytes(nbytes, len(t)) for t in trailers)
+                charge = self.governor.try_charge(Component.SUBSCRIBERS, nbytes + sends)
             if charge is None:
                 takers = []
             else:
-                shared = SharedFrame(data, charge)
-                for sub in takers:
-                    sub.put(stream, entry, shared)
+                shared = SharedFrame(b"".join(parts), charge)
+                for sub, trailer in zip(takers, trailers, strict=True):
+                    sub.put(stream, entry, shared, trailer)
             for sub in wanting:
                 if sub not in takers:
                     sub.miss(stream, entry)
@@ -161,17 +197,35 @@ class SubscriberSet:
             sub.close()
 
 
-def backlog(sub: Subscriber, log: EgressLog, after: int, until: int) -> Iterator[bytes]:
+def backlog(
+    sub: Subscriber, log: EgressLog, after: int, until: int, governor: Governor
+) -> Iterator[bytes]:
     """Frames ``after < bridge_seq <= until`` that ``sub`` wants, serialized one at a time (a
-    resumed viewer never makes the bridge copy the whole log at once)."""
+    resumed viewer never makes the bridge copy the whole log at once). Each is force-charged
+    (:data:`BACKLOG_COPIES`) before it is joined, until the next one is joined: the caller
+    holds the bytes it was given until it asks for more."""
     cursor = after
-    while cursor < until:
-        found = next(iter(log.entries_after(cursor)), None)
-        if found is None:
-            return
-        stream, entry = found
-        if entry.bridge_seq > until:
-            return
-        cursor = entry.bridge_seq
-        if sub.wants(stream) and not entry.removed:
-            yield frame_bytes(entry)
+    held: Charge | None = None
+    try:
+        while cursor < until:
+            found = next(iter(log.entries_after(cursor)), None)
+            if found is None:
+                return
+            stream, entry = found
+            if entry.bridge_seq > until:
+                return
+            cursor = entry.bridge_seq
+            if sub.wants(stream) and not entry.removed:
+                parts = frame_parts(entry)
+                charge = governor.force(
+                    Component.SUBSCRIBERS, BACKLOG_COPIES * sum(map(len, parts))
+                )
+                data = b"".join(parts)
+                if held is not None:
+                    held.release()
+                held = charge
+                yield data
+                del data
+    finally:
+        if held is not None:
+            held.release()

@@ -14,11 +14,20 @@ RESERVE_FRACTION = 0.25  # of the data budget, kept for forward progress (see br
 MiB = 1 << 20
 
 
+#: The interpreter's own growth, small protobuf objects and heap freed but not yet trimmed.
+INTERPRETER_HEADROOM = 64 * MiB
+#: Uncharged copies of one inbound message while it is received and parsed (websockets'
+#: unmasked payload, then the parsed message); see docs/design.md "Where memory goes".
+INBOUND_COPIES = 2
+#: The way out adds nothing here: pushes (PUSH_COPIES), subscriber sends and backlog frames,
+#: processed results and decimation are charged before they are allocated (same table).
+OUTBOUND_COPIES = 0
+
+
 def memory_headroom_bytes(max_frame_bytes: int) -> int:
-    """What the plan keeps out of the data budget for memory no component charges: the
-    interpreter's own growth, protobuf objects and transient copies while a message is parsed
-    (websockets copies a payload twice while unmasking it; decoding copies it once more)."""
-    return 64 * MiB + 2 * max_frame_bytes
+    """What the plan keeps out of the data budget for memory no component charges, term by
+    term from the measured table in docs/design.md ("Where memory goes")."""
+    return INTERPRETER_HEADROOM + (INBOUND_COPIES + OUTBOUND_COPIES) * max_frame_bytes
 
 
 def plan_settings(settings: Settings) -> PlanSettings:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.egress import EgressLog, frame_bytes
+from bridge.egress import EgressLog, frame_bytes, gap_trailer
 from bridge.governor import Component, Governor
-from bridge.ring import Entry
+from bridge.ring import Entry, Gap
 from bridge.session import Stream
-from bridge.subscribers import Subscriber, SubscriberSet
+from bridge.subscribers import Subscriber, SubscriberSet, send_bytes
 from bridge.v1 import bridge_pb2 as pb
 from tests.unit.test_egress import committed, stream
 
@@ -87,11 +87,31 @@ async def test_one_shared_buffer_per_frame_charged_once_and_queues_bounded_in_by
     assert gov.charged(Component.SUBSCRIBERS) == 0
     gov.set_budget(1 << 20, reserve_bytes=2 * 2 * one)  # each viewer's share: one frame
     assert subs.fanout(pairs(lidar, entries[1:3])) == 2  # frame 2 for both, frame 3 for none
-    assert gov.charged(Component.SUBSCRIBERS) == one  # one shared buffer, charged once
+    # one shared buffer, charged once, with each viewer's copies while it is sent (grpc's copy,
+    # and the frame joined with the gap trailer each of them gets: frame 1 was missed)
+    trailer = len(gap_trailer(entries[1], Gap(1, 1, 1, "slow_subscriber")))
+    held = one + 2 * send_bytes(one, trailer)
+    assert gov.charged(Component.SUBSCRIBERS) == held
     first_a, first_b = decode(await a.get()), decode(await b.get())
     assert first_a.seq == first_b.seq == 2 and first_a.gap.count == 1  # frame 1 missed
-    assert gov.charged(Component.SUBSCRIBERS) == 0 and gov.live_charges == 0
+    # the bytes handed out are still being sent: charged until each viewer asks for more
+    assert gov.charged(Component.SUBSCRIBERS) == held and gov.live_charges == 1
     subs.fanout(pairs(lidar, entries[3:]))
     subs.detach(a)
     subs.detach(b)  # queued frames are given back when viewers leave
     assert gov.total_bytes == 0 and gov.live_charges == 0
+
+
+async def test_a_backlog_frame_is_charged_for_its_copies_until_the_next_is_asked_for() -> None:
+    log = EgressLog()
+    lidar = stream()
+    entries = committed(log, lidar, 1, 2, 3)
+    gov = Governor(1 << 20, reserve_bytes=0)
+    subs = SubscriberSet(log, gov)
+    backlog = subs.attach(Subscriber(set(), 10), from_bridge_seq=1)
+    first = next(backlog)  # the join and grpc's copy of it, while the caller sends it
+    assert gov.charged(Component.SUBSCRIBERS) == 2 * len(first) == 2 * len(frame_bytes(entries[1]))
+    second = next(backlog)
+    assert gov.charged(Component.SUBSCRIBERS) == 2 * len(second) and gov.live_charges == 1
+    assert [decode(first).bridge_seq, decode(second).bridge_seq] == [2, 3]
+    assert list(backlog) == [] and gov.live_charges == 0
