@@ -74,6 +74,7 @@ class BridgeService:
             max_telemetry_bytes=settings.max_telemetry_bytes,
             max_telemetry_entries=settings.max_telemetry_entries,
             max_batch_frames=settings.max_batch_frames,
+            max_cloud_fields=settings.max_cloud_fields,
         )
         self.events = CoreEvents(self.metrics)
         # Until the adapter plans from the memory limit (or without it): the configured budget.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,7 @@ class FieldType(enum.IntEnum):
 
     @property
     def size(self) -> int:
-        return self.dtype.itemsize
+        return _SIZES[self]
 
     @property
     def is_float(self) -> bool:
@@ -53,6 +54,14 @@ _DTYPES = {
     FieldType.FLOAT32: "<f4",
     FieldType.FLOAT64: "<f8",
 }
+# Looked up per field while a layout is validated: a dict, not an enum call and a np.dtype each.
+_SIZES = {t: np.dtype(code).itemsize for t, code in _DTYPES.items()}
+_BY_CODE = {int(t): t for t in FieldType}
+
+#: The most fields a cloud may declare unless a limit says otherwise (``max_cloud_fields``).
+#: Validating a layout is Python work per field and a field costs ~10 wire bytes, so without a
+#: bound one 16 MiB message declared ~1M fields and held the event loop for seconds.
+MAX_CLOUD_FIELDS = 256
 
 #: Field names whose 4 bytes are packed colour channels (averaged per channel, not as a number).
 PACKED_COLOR_NAMES = frozenset({"rgb", "rgba"})
@@ -100,42 +109,56 @@ class CloudLayout:
         )
 
 
-def make_layout(stride: int, fields: list[tuple[str, int, int]]) -> CloudLayout:
+def make_layout(
+    stride: int, fields: Sequence[tuple[str, int, int]], max_fields: int = MAX_CLOUD_FIELDS
+) -> CloudLayout:
     """Validate ``(name, offset, type)`` triples against ``stride``; raise InvalidLayout on error.
 
-    Rules: stride > 0; each type known; names unique and non-empty; every field inside the stride;
-    no two fields overlap; x, y and z present and floating point (float32 or float64).
+    Rules: at most ``max_fields`` fields (checked first, before any work per field); stride > 0;
+    each type known; names unique and non-empty; every field inside the stride; no two fields
+    overlap; x, y and z present and floating point (float32 or float64). O(n log n) in fields.
     """
+    check_field_count(len(fields), max_fields)
     if stride <= 0:
         raise InvalidLayout(f"point_stride must be > 0, got {stride}")
-    specs: list[FieldSpec] = []
-    seen: set[str] = set()
+    by_name: dict[str, FieldSpec] = {}
     for name, offset, type_code in fields:
         if not name:
             raise InvalidLayout("field with an empty name")
-        if name in seen:
+        if name in by_name:
             raise InvalidLayout(f"field {name!r} appears twice")
-        seen.add(name)
-        try:
-            ftype = FieldType(type_code)
-        except ValueError:
-            raise InvalidLayout(f"field {name!r} has unknown type {type_code}") from None
-        spec = FieldSpec(name, int(offset), ftype)
-        if spec.offset < 0 or spec.end > stride:
+        ftype = _BY_CODE.get(type_code)
+        if ftype is None:
+            raise InvalidLayout(f"field {name!r} has unknown type {type_code}")
+        offset = int(offset)
+        if offset < 0 or offset + _SIZES[ftype] > stride:
             raise InvalidLayout(
-                f"field {name!r} at offset {offset} ({ftype.size} bytes) exceeds stride {stride}"
+                f"field {name!r} at offset {offset} ({_SIZES[ftype]} bytes) exceeds stride {stride}"
             )
-        specs.append(spec)
-    ordered = sorted(specs, key=lambda s: s.offset)
+        by_name[name] = FieldSpec(name, offset, ftype)
+    specs = tuple(by_name.values())
+    ordered = sorted(specs, key=_offset)
     for a, b in itertools.pairwise(ordered):
-        if b.offset < a.end:
+        if b.offset < a.offset + _SIZES[a.type]:
             raise InvalidLayout(f"fields {a.name!r} and {b.name!r} overlap")
     for axis in XYZ:
-        if axis not in seen:
+        spec = by_name.get(axis)
+        if spec is None:
             raise InvalidLayout(f"required field {axis!r} is missing")
-        if not next(s for s in specs if s.name == axis).type.is_float:
+        if not spec.type.is_float:
             raise InvalidLayout(f"field {axis!r} must be float32 or float64")
-    return CloudLayout(stride=stride, fields=tuple(specs))
+    return CloudLayout(stride=stride, fields=specs)
+
+
+def check_field_count(count: int, max_fields: int) -> None:
+    """Refuse a cloud of more than ``max_fields`` fields (INVALID_LAYOUT): cheap, so callers
+    run it before anything that costs per field."""
+    if count > max_fields:
+        raise InvalidLayout(f"cloud declares more than max_cloud_fields = {max_fields} fields")
+
+
+def _offset(spec: FieldSpec) -> int:
+    return spec.offset
 
 
 def point_count(layout: CloudLayout, nbytes: int, max_points: int | None = None) -> int:

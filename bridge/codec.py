@@ -6,13 +6,27 @@ that says exactly what was wrong, so both transports reject bad input the same w
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
 from bridge import wire
-from bridge.cloud import CloudLayout, make_layout, point_count
-from bridge.errors import BatchTooLarge, FrameTooLarge, MalformedMessage, TelemetryTooLarge
+from bridge.cloud import (
+    MAX_CLOUD_FIELDS,
+    CloudLayout,
+    check_field_count,
+    make_layout,
+    point_count,
+)
+from bridge.errors import (
+    BatchTooLarge,
+    FrameTooLarge,
+    InvalidLayout,
+    MalformedMessage,
+    TelemetryTooLarge,
+)
 from bridge.v1 import bridge_pb2 as pb
 
 
@@ -24,6 +38,7 @@ class Limits:
     max_telemetry_bytes: int = 1 << 20
     max_telemetry_entries: int = 4096
     max_batch_frames: int = 256  # 0 = no FrameBatch accepted
+    max_cloud_fields: int = MAX_CLOUD_FIELDS  # fields one PointCloud may declare
 
     def to_proto(self) -> pb.ServerLimits:
         return pb.ServerLimits(
@@ -39,19 +54,24 @@ def decode_edge(raw: bytes, limits: Limits) -> pb.EdgeMessage:
     """Parse one EdgeMessage; refuse oversize or undecodable bytes and empty oneofs.
 
     Telemetry is sized before it is parsed (a map of many small entries costs far more to parse
-    than its bytes suggest), and its entries are counted after; both refusals are non-fatal and
+    than its bytes suggest), and its entries are counted after; a cloud's fields are counted
+    before a large message is parsed and after a small one is. These refusals are non-fatal and
     carry the frame's stream and seq so the edge knows which frame was refused.
     """
     if len(raw) > limits.max_frame_bytes:
         raise FrameTooLarge(f"message of {len(raw)} bytes exceeds max {limits.max_frame_bytes}")
-    # A message no larger than the limit cannot carry too much telemetry: skip the walk.
-    telemetry_bytes = _telemetry_size(raw) if len(raw) > limits.max_telemetry_bytes else 0
-    if telemetry_bytes > limits.max_telemetry_bytes:
-        raise TelemetryTooLarge(
-            f"telemetry of {telemetry_bytes} bytes exceeds max_telemetry_bytes "
-            f"{limits.max_telemetry_bytes}",
-            frame=_frame_header(raw),
-        )
+    # A message no larger than the limit cannot carry too much telemetry, nor a small one enough
+    # fields to cost much: skip the walk.
+    if len(raw) > limits.max_telemetry_bytes or len(raw) >= WALK_BYTES:
+        entries = _frame_fields(raw)
+        telemetry_bytes = sum(size for n, t, _, size in entries if n == _TELEMETRY and t == 2)
+        if telemetry_bytes > limits.max_telemetry_bytes:
+            raise TelemetryTooLarge(
+                f"telemetry of {telemetry_bytes} bytes exceeds max_telemetry_bytes "
+                f"{limits.max_telemetry_bytes}",
+                frame=_header(raw, entries),
+            )
+        _count_cloud_fields(raw, entries, limits.max_cloud_fields)
     msg = pb.EdgeMessage()
     try:
         msg.ParseFromString(raw)
@@ -62,9 +82,29 @@ def decode_edge(raw: bytes, limits: Limits) -> pb.EdgeMessage:
         raise MalformedMessage("EdgeMessage carries neither hello nor frame")
     if kind == "batch":  # a batch arriving where is_batch() was not asked (e.g. first message)
         raise MalformedMessage("a FrameBatch is not a whole EdgeMessage here")
-    if kind == "frame" and msg.frame.HasField("telemetry"):
-        _check_entries(msg.frame, limits)
+    if kind == "frame":
+        _check_frame(msg.frame, limits)
     return msg
+
+
+def _check_frame(frame: pb.Frame, limits: Limits) -> None:
+    """The counts only a parsed frame shows cheaply: telemetry entries, cloud fields (before a
+    stream's codec or the layout check does work per field)."""
+    payload = frame.WhichOneof("payload")
+    if payload == "telemetry":
+        _check_entries(frame, limits)
+    elif payload == "point_cloud" and len(frame.point_cloud.fields) > limits.max_cloud_fields:
+        header = pb.Frame(stream_id=frame.stream_id, seq=frame.seq)
+        _refuse_fields(len(frame.point_cloud.fields), limits.max_cloud_fields, header)
+
+
+def _refuse_fields(count: int, max_fields: int, header: pb.Frame) -> None:
+    """:func:`~bridge.cloud.check_field_count`, its refusal naming the frame."""
+    try:
+        check_field_count(count, max_fields)
+    except InvalidLayout as exc:
+        exc.frame = header
+        raise
 
 
 def _check_entries(frame: pb.Frame, limits: Limits) -> None:
@@ -98,9 +138,12 @@ def batch_spans(raw: bytes, limits: Limits) -> list[tuple[int, int]]:
         length, start = wire.decode_varint(raw, len(_BATCH_KEY))
         if start + length != len(raw):
             raise ValueError("batch length does not match the message")
+        # One span more than the limit is enough to refuse: 16 MiB of empty frames are 8M spans.
         spans = [
             (start + a, start + b)
-            for a, b in wire.repeated_spans(memoryview(raw)[start:], _IN_BATCH_KEY)
+            for a, b in wire.repeated_spans(
+                memoryview(raw)[start:], _IN_BATCH_KEY, limits.max_batch_frames + 1
+            )
         ]
     except (IndexError, ValueError) as exc:
         raise MalformedMessage(f"not a valid FrameBatch: {exc}") from None
@@ -120,14 +163,16 @@ def batch_spans(raw: bytes, limits: Limits) -> list[tuple[int, int]]:
 
 
 def decode_frame(raw: bytes, start: int, end: int, limits: Limits) -> pb.Frame:
-    """One Frame of a batch (see :func:`batch_spans`)."""
+    """One Frame of a batch (see :func:`batch_spans`); a large one's cloud fields are counted
+    before it is parsed, as in :func:`decode_edge`."""
+    if end - start >= WALK_BYTES:
+        _count_cloud_fields(raw, _fields_in(raw, start, end), limits.max_cloud_fields)
     frame = pb.Frame()
     try:
         frame.ParseFromString(raw[start:end])
     except DecodeError as exc:
         raise MalformedMessage(f"not a valid Frame in a FrameBatch: {exc}") from None
-    if frame.HasField("telemetry"):
-        _check_entries(frame, limits)
+    _check_frame(frame, limits)
     return frame
 
 
@@ -137,10 +182,25 @@ _STREAM_ID = wire.field_number(pb.Frame.DESCRIPTOR, "stream_id")
 _SEQ = wire.field_number(pb.Frame.DESCRIPTOR, "seq")
 
 
-def _frame_fields(raw: bytes) -> list[tuple[int, int, int, int]]:
-    """(field number, wire type, value or start, length) of the top-level Frame fields, or []
-    when ``raw`` is not a well-formed EdgeMessage{frame} (the parser then says what is wrong).
-    Walks keys and lengths only: O(fields), never O(bytes)."""
+#: Messages from this size on are walked (their keys and lengths, never their bytes) before
+#: they are parsed, so that counts that cost per entry (cloud fields) are refused first; below
+#: it the parse is cheap whatever the message declares, and its counts are checked after.
+WALK_BYTES = 64 * 1024
+#: Top-level fields of a Frame that a walk reads. An encoder writes each of a Frame's five fields
+#: at most once; Python reads ~1 us a field, so 16 MiB of one repeated two-byte field would
+#: otherwise hold the event loop for seconds. A Frame of more is refused (MALFORMED).
+FRAME_ENTRIES_MAX = 64
+#: A cloud's entries other than ``fields`` that a count reads (``point_stride``, ``data``,
+#: ``frame_id``, ``pose``: once each from an encoder) before it leaves the rest to the parser.
+_CLOUD_OTHER_MAX = 16
+
+Entry = tuple[int, int, int, int]
+"""(field number, wire type, value or start of the value, length) of one encoded field."""
+
+
+def _frame_fields(raw: bytes) -> list[Entry]:
+    """The top-level Frame fields (:func:`_fields_in`) of an ``EdgeMessage{frame}``, or [] when
+    ``raw`` is not one (the parser then says what is wrong)."""
     try:
         if not raw.startswith(_FRAME_KEY):
             return []
@@ -153,50 +213,87 @@ def _frame_fields(raw: bytes) -> list[tuple[int, int, int, int]]:
     return _fields_in(raw, i, end)
 
 
-def _fields_in(
-    raw: bytes, i: int, end: int, *, fixed: bool = False
-) -> list[tuple[int, int, int, int]]:
-    """:func:`_frame_fields` of the Frame at ``raw[i:end]``; ``fixed``: list I32 / I64 fields
-    too (start, width) instead of skipping them."""
+def _fields_in(raw: bytes, i: int, end: int) -> list[Entry]:
+    """The fields of the Frame at ``raw[i:end]`` (I32 / I64 ones skipped), or [] when it is not
+    well formed; MalformedMessage beyond ``FRAME_ENTRIES_MAX`` of them. Walks keys and lengths
+    only: O(fields), never O(bytes), and never more than the bound."""
     try:
-        out = []
-        while i < end:
-            key, i = wire.decode_varint(raw, i)
-            number, wire_type = key >> 3, key & 7
-            if wire_type == wire.WIRE_VARINT:
-                value, i = wire.decode_varint(raw, i)
-                out.append((number, wire_type, value, 0))
-            elif wire_type == wire.WIRE_LEN:
-                size, i = wire.decode_varint(raw, i)
-                out.append((number, wire_type, i, size))
-                i += size
-            elif wire_type in (1, 5):
-                width = 8 if wire_type == 1 else 4
-                if fixed:
-                    out.append((number, wire_type, i, width))
-                i += width
-            else:
-                return []
-        return out if i == end else []
+        walked = list(itertools.islice(_walk(raw, i, end), FRAME_ENTRIES_MAX + 1))
     except (IndexError, ValueError):
         return []
+    if len(walked) > FRAME_ENTRIES_MAX:
+        raise MalformedMessage(f"a Frame of more than {FRAME_ENTRIES_MAX} top-level fields")
+    return [e[:4] for e in walked if e[1] in (wire.WIRE_VARINT, wire.WIRE_LEN)]
 
 
-def _telemetry_size(raw: bytes) -> int:
-    return sum(size for n, t, _, size in _frame_fields(raw) if n == _TELEMETRY and t == 2)
+def _walk(raw: bytes, i: int, end: int) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """(number, wire type, value or value start, length, entry start, entry end) of each field
+    in ``raw[i:end]``, lazily, so a caller stops as soon as it knows enough. ValueError or
+    IndexError where the bytes are not well formed (an entry past ``end``, wire types 3, 4, 6
+    and 7); I32 / I64 fields come as (start, width)."""
+    while i < end:
+        at = i
+        key, i = wire.decode_varint(raw, i)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == wire.WIRE_VARINT:
+            value, i = wire.decode_varint(raw, i)
+            size = 0
+        elif wire_type == wire.WIRE_LEN:
+            size, value = wire.decode_varint(raw, i)
+            i = value + size
+        elif wire_type in (1, 5):
+            value, size = i, 8 if wire_type == 1 else 4
+            i += size
+        else:
+            raise ValueError(f"wire type {wire_type}")
+        if i > end:
+            raise ValueError("a field runs past its message")
+        yield number, wire_type, value, size, at, i
+
+
+def _count_cloud_fields(raw: bytes, entries: list[Entry], max_fields: int) -> None:
+    """Refuse (INVALID_LAYOUT, naming the frame) a Frame, given its top-level ``entries``, whose
+    cloud declares more than ``max_fields`` fields, from the keys alone: no field is built."""
+    count = _cloud_field_count(raw, entries, max_fields)
+    if count > max_fields:
+        _refuse_fields(count, max_fields, _header(raw, entries))
+
+
+def _cloud_field_count(raw: bytes, entries: list[Entry], max_fields: int) -> int:
+    """The cloud's ``fields`` entries, counted up to one past ``max_fields`` (the walk reads no
+    further). A cloud that is not well formed, or has many entries of other kinds, counts 0:
+    it is the parser's, and :func:`_check_frame` checks the parsed count."""
+    budget = max_fields + _CLOUD_OTHER_MAX
+    count = 0
+    try:
+        for number, wire_type, start, size in entries:
+            if number != _F_CLOUD or wire_type != wire.WIRE_LEN:
+                continue
+            for field, field_type, *_ in _walk(raw, start, start + size):
+                if field == _C_FIELDS and field_type == wire.WIRE_LEN:
+                    count += 1
+                    if count > max_fields:
+                        return count
+                budget -= 1
+                if budget < 0:
+                    return 0
+    except (IndexError, ValueError):
+        return 0
+    return count
 
 
 def _telemetry_in(raw: bytes, start: int, end: int) -> int:
     return sum(size for n, t, _, size in _fields_in(raw, start, end) if n == _TELEMETRY and t == 2)
 
 
-def _frame_header(raw: bytes) -> pb.Frame:
+def _header(raw: bytes, entries: list[Entry]) -> pb.Frame:
+    """The stream and seq of a Frame from its top-level ``entries`` (for a refusal's Error)."""
     frame = pb.Frame()
-    for number, wire_type, value, size in _frame_fields(raw):
+    for number, wire_type, value, size in entries:
         if number == _STREAM_ID and wire_type == wire.WIRE_LEN:
             frame.stream_id = raw[value : value + size].decode("utf-8", "replace")
         elif number == _SEQ and wire_type == wire.WIRE_VARINT:
-            frame.seq = value
+            frame.seq = value % _U64
     return frame
 
 
@@ -224,7 +321,11 @@ class CachedLayout:
         return cls(fields, layout)
 
     def matches(self, cloud: pb.PointCloud) -> bool:
-        return cloud.point_stride == self.layout.stride and cloud.fields == self.fields
+        return (
+            cloud.point_stride == self.layout.stride
+            and len(cloud.fields) == len(self.fields)  # a longer list is not compared at all
+            and cloud.fields == self.fields
+        )
 
 
 def cloud_layout(
@@ -242,8 +343,9 @@ def cloud_layout(
     if cached is not None and cached.matches(cloud):
         entry = cached
     else:
+        check_field_count(len(cloud.fields), limits.max_cloud_fields)  # before work per field
         key = layout_key(cloud)
-        entry = CachedLayout.of(key, make_layout(key[0], list(key[1])))
+        entry = CachedLayout.of(key, make_layout(key[0], key[1], limits.max_cloud_fields))
     size = len(cloud.data) if nbytes is None else nbytes
     return entry.layout, point_count(entry.layout, size, limits.max_points), entry
 
@@ -263,30 +365,35 @@ _C_META = {
 _U64 = 1 << 64
 
 
-def split_cloud_frame(raw: bytes) -> tuple[pb.Frame, memoryview] | None:
+def split_cloud_frame(
+    raw: bytes, max_fields: int | None = None
+) -> tuple[pb.Frame, memoryview] | None:
     """An ``EdgeMessage{frame}`` carrying a point cloud, as (the frame without its points, a
     view of the points in ``raw``): the megabytes of points are neither parsed nor copied.
 
     Only the plain shape is taken (each Frame and PointCloud field at most once, the wire types
     the schema says, nothing else); anything else returns None and the caller parses the whole
     message, so malformed input gets the parser's own error and nothing is accepted here that
-    the parser would refuse."""
+    the parser would refuse. The walk stops at the first entry that is not the plain shape, and
+    after ``max_fields`` cloud fields: a cloud of more is refused here (INVALID_LAYOUT naming
+    the frame), or, without ``max_fields``, declined past ``MAX_CLOUD_FIELDS`` (then
+    :func:`decode_edge` counts them against the connection's limit before it parses)."""
     try:
-        return _split(raw)
+        return _split(raw, max_fields)
+    except InvalidLayout:
+        raise
     except (IndexError, ValueError, UnicodeDecodeError, DecodeError):
         return None
 
 
-def _split(raw: bytes) -> tuple[pb.Frame, memoryview] | None:
+def _split(raw: bytes, max_fields: int | None) -> tuple[pb.Frame, memoryview] | None:
     if not raw.startswith(_FRAME_KEY):
         return None
     length, i = wire.decode_varint(raw, len(_FRAME_KEY))
     if i + length != len(raw):
         return None
     seen: dict[int, tuple[int, int]] = {}
-    for number, wire_type, value, size in _fields_in(raw, i, len(raw), fixed=True) or [
-        (0, 0, 0, 0)
-    ]:
+    for number, wire_type, value, size, _, _ in _walk(raw, i, len(raw)):
         expected = wire.WIRE_VARINT if number in (_F_SEQ, _F_CAPTURE) else wire.WIRE_LEN
         if number not in (_F_STREAM, _F_SEQ, _F_CAPTURE, _F_CLOUD) or number in seen:
             return None
@@ -295,38 +402,45 @@ def _split(raw: bytes) -> tuple[pb.Frame, memoryview] | None:
         seen[number] = (value, size)
     if _F_CLOUD not in seen:
         return None
-    start, size = seen[_F_CLOUD]
-    meta_parts: list[bytes] = []
-    data: memoryview | None = None
-    cloud_seen: set[int] = set()
-    cloud_fields = _fields_in(raw, start, start + size, fixed=True) or [(0, 0, 0, 0)]
-    for number, wire_type, value, length in cloud_fields:
-        if number in cloud_seen and number != _C_FIELDS:  # only ``fields`` repeats
-            return None
-        cloud_seen.add(number)
-        if number == _C_STRIDE and wire_type == wire.WIRE_VARINT:
-            if value >= 1 << 32:
-                return None
-            meta_parts.append(wire.field_key(pb.PointCloud.DESCRIPTOR, "point_stride", 0))
-            meta_parts.append(wire.encode_varint(value))
-        elif number == _C_DATA and wire_type == wire.WIRE_LEN:
-            data = memoryview(raw)[value : value + length]
-        elif number in _C_META and wire_type == wire.WIRE_LEN:
-            meta_parts.append(bytes([(number << 3) | wire.WIRE_LEN]))
-            meta_parts.append(wire.encode_varint(length))
-            meta_parts.append(raw[value : value + length])
-        else:
-            return None
-    if data is None:
-        return None
     frame = pb.Frame()
     if _F_STREAM in seen:
-        at, n = seen[_F_STREAM]
-        frame.stream_id = raw[at : at + n].decode("utf-8")
+        text, n = seen[_F_STREAM]
+        frame.stream_id = raw[text : text + n].decode("utf-8")
     if _F_SEQ in seen:
         frame.seq = seen[_F_SEQ][0] % _U64
     if _F_CAPTURE in seen:
         capture = seen[_F_CAPTURE][0] % _U64
         frame.capture_time_ns = capture - _U64 if capture >= 1 << 63 else capture
-    frame.point_cloud.ParseFromString(b"".join(meta_parts))
+    start, size = seen[_F_CLOUD]
+    limit = MAX_CLOUD_FIELDS if max_fields is None else max_fields
+    fields = 0
+    meta: list[list[int]] = []  # [start, end) of the entries kept, adjacent ones joined
+    data: memoryview | None = None
+    cloud_seen: set[int] = set()
+    for number, wire_type, value, length, at, after in _walk(raw, start, start + size):
+        if number == _C_FIELDS and wire_type == wire.WIRE_LEN:
+            fields += 1
+            if fields > limit:
+                if max_fields is None:
+                    return None
+                header = pb.Frame(stream_id=frame.stream_id, seq=frame.seq)
+                _refuse_fields(fields, max_fields, header)
+        elif number in cloud_seen:  # only ``fields`` repeats
+            return None
+        cloud_seen.add(number)
+        if number == _C_STRIDE and wire_type == wire.WIRE_VARINT:
+            if value >= 1 << 32:
+                return None
+        elif number == _C_DATA and wire_type == wire.WIRE_LEN:
+            data = memoryview(raw)[value : value + length]
+            continue
+        elif number not in _C_META or wire_type != wire.WIRE_LEN:
+            return None
+        if meta and meta[-1][1] == at:
+            meta[-1][1] = after
+        else:
+            meta.append([at, after])
+    if data is None:
+        return None
+    frame.point_cloud.ParseFromString(b"".join(raw[a:b] for a, b in meta))
     return frame, data

@@ -103,6 +103,7 @@ class Settings:
     max_pending_connections: int = 256  # connections that have not said Hello yet
     max_telemetry_bytes: int = 1 * MiB  # a telemetry payload (blob + map) above this is refused
     max_telemetry_entries: int = 4096  # telemetry map entries
+    max_cloud_fields: int = 256  # fields one PointCloud may declare (Python work per field)
     sink_ack_timeout_seconds: float = 10.0  # frames in flight with no ack progress: reconnect
     # HTTP/2 pings on an idle push channel; gRPC servers refuse pings more often than every
     # 5 min unless they allow it (GOAWAY too_many_pings), so lower it only for sinks that do
@@ -270,6 +271,8 @@ def validate(s: Settings) -> list[str]:
         problems.append("grpc_window_bytes: must be between 16384 (16 KiB) and 64 MiB")
     if s.chunk_stall_seconds < s.chunk_max_age_seconds:
         problems.append("chunk_stall_seconds: must be >= chunk_max_age_seconds")
+    if s.max_cloud_fields < 3:
+        problems.append("max_cloud_fields: must be >= 3 (x, y and z)")
     if s.sink_backoff_initial_seconds > s.sink_backoff_max_seconds:
         problems.append("sink_backoff_initial_seconds: must be <= sink_backoff_max_seconds")
     problems += _tls_problems(s)

@@ -78,6 +78,8 @@ HELP: dict[str, str] = {
     "max_pending_connections": "most connections that have not sent Hello yet",
     "max_telemetry_bytes": "largest telemetry payload, checked before it is parsed",
     "max_telemetry_entries": "most entries in a telemetry map",
+    "max_cloud_fields": "most fields one point cloud may declare; more is INVALID_LAYOUT, "
+    "refused before any work per field",
     "sink_batch_bytes": "bytes of consecutive frames per PushBatch message to the sink "
     "(0 = one frame per Push message)",
     "sink_batch_frames": "most frames per PushBatch message to the sink",
