@@ -60,10 +60,7 @@ class _Partial:
     parts: list[bytes] = field(default_factory=list)
     charges: list[Charge] = field(default_factory=list)
     filled: int = 0
-
-    @property
-    def charged(self) -> int:
-        return sum(c.nbytes for c in self.charges)
+    charged: int = 0  # the sum of its charges (they do not change while held here)
 
     def release(self) -> None:
         for charge in self.charges:
@@ -102,6 +99,7 @@ class Reassembler:
         self._held_before = 0.0
         self._holding_since: float | None = None
         self._last_now = 0.0  # for drops that come without a time (frame_arrived)
+        self._charged = 0  # the sum of every incomplete frame's charges
 
     @property
     def held_bytes(self) -> int:
@@ -110,7 +108,7 @@ class Reassembler:
     @property
     def charged_bytes(self) -> int:
         """What the incomplete frames hold in the memory governor (their pieces' charges)."""
-        return sum(p.charged for p in self._partials.values())
+        return self._charged
 
     @property
     def in_progress(self) -> int:
@@ -158,9 +156,12 @@ class Reassembler:
         partial.touched = now
         partial.parts.append(chunk.data)
         partial.charges.append(charge)
+        partial.charged += charge.nbytes
+        self._charged += charge.nbytes
         partial.filled += len(chunk.data)
         if partial.filled == partial.total:
             del self._partials[sid]
+            self._charged -= partial.charged
             prefix = wire.length_prefix(_FRAME_KEY, partial.total)
             fed.data = b"".join((prefix, *partial.parts))
             fed.charge = _combine(partial.charges)
@@ -220,7 +221,9 @@ class Reassembler:
         The frame an edge is actively sending is dropped last."""
         self._last_now = now
         errors: list[ProtocolError] = []
-        held = self.charged_bytes
+        held = self._charged
+        if held <= max_bytes:
+            return errors
         for sid, partial in sorted(self._partials.items(), key=lambda kv: kv[1].touched):
             if held <= max_bytes:
                 break
@@ -251,6 +254,7 @@ class Reassembler:
         if partial is None:
             return None
         partial.release()
+        self._charged -= partial.charged
         if not self._partials and self._holding_since is not None:
             self._held_before += max(0.0, now - self._holding_since)
             self._holding_since = None
@@ -261,6 +265,7 @@ class Reassembler:
         for partial in self._partials.values():
             partial.release()
         self._partials.clear()
+        self._charged = 0
         self._holding_since = None
 
 

@@ -16,6 +16,7 @@ import hmac
 import logging
 import time
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +41,16 @@ from bridge.offload import OffLoopDecoder
 from bridge.ports import EdgeTransport, IngestCore, Received
 from bridge.session import Session, Stream, StreamKey
 from bridge.settings import Settings
-from bridge.uplink import Uplink
+from bridge.uplink import REFUSED_DECODE_BUDGET_BYTES, Uplink
 from bridge.v1 import bridge_pb2 as pb
 
 log = logging.getLogger("bridge.ingest")
+#: A fatal Error waits at most this long for the send path (a peer that does not read must not
+#: keep its connection open); the close follows either way.
+FATAL_ERROR_SEND_SECONDS = 1.0
+#: Chunk refusals not yet sent to a peer that does not read: the oldest are not sent (they
+#: are still counted and logged).
+MAX_QUEUED_CHUNK_REPORTS = 256
 # One line per reason, then a count at most every 10 s: a fuzzer must not fill the disk.
 _refusals = RateLimitedLog(log, interval_seconds=10.0)
 
@@ -65,6 +72,7 @@ class IngestConfig:
     chunk_max_age_seconds: float = DEFAULT_MAX_AGE_SECONDS
     chunk_stall_seconds: float = 30.0
     chunk_check_interval_seconds: float = 0.25
+    refused_decode_budget_bytes: int = REFUSED_DECODE_BUDGET_BYTES
 
     @classmethod
     def from_settings(cls, settings: Settings, limits: codec.Limits) -> IngestConfig:
@@ -80,6 +88,7 @@ class IngestConfig:
             chunk_max_age_seconds=settings.chunk_max_age_seconds,
             chunk_stall_seconds=settings.chunk_stall_seconds,
             chunk_check_interval_seconds=settings.chunk_check_interval_seconds,
+            refused_decode_budget_bytes=settings.refused_decode_budget_bytes,
             device_tokens=(
                 DeviceTokenFile(
                     settings.device_tokens_file,
@@ -222,10 +231,13 @@ class EdgeConnection:
         self._send_lock = asyncio.Lock()
         self._task: asyncio.Task[Any] | None = None
         self._superseded = False
-        self._stalled = False  # closed by the chunk warden (held memory without progress)
+        self._stalled: ChunksStalled | None = None  # the chunk warden's reason to close
         self._governor: Governor | None = None  # the one every charge of ours comes from
         self._grant_waiting = False  # our transport waits for a memory grant
         self._chunks_held = asyncio.Event()  # incomplete chunked frames are held: watch them
+        # The warden's refusals, sent by their own task: the warden never waits on the peer.
+        self._chunk_reports: deque[ProtocolError] = deque(maxlen=MAX_QUEUED_CHUNK_REPORTS)
+        self._reporter: asyncio.Task[None] | None = None
         self._uplink: Uplink | None = None  # chunks and codecs (bridge.uplink)
         self._decoder: OffLoopDecoder | None = None  # large encoded clouds (bridge.offload)
         self._admission: Admission | None = None  # offers and flow control (bridge.admission)
@@ -265,7 +277,12 @@ class EdgeConnection:
                 Uplink.check_hello(msg.hello)
                 attached = core.hello(msg.hello, self, identity_proven=proven)
                 self.session, welcome = attached.session, attached.welcome
-                self._uplink = Uplink(msg.hello, self.session.streams, self._config.limits)
+                self._uplink = Uplink(
+                    msg.hello,
+                    self.session.streams,
+                    self._config.limits,
+                    self._config.refused_decode_budget_bytes,
+                )
                 self._uplink.chunks.max_age_seconds = self._config.chunk_max_age_seconds
                 self._admission = Admission(core, edges, self.session, metrics, self.send)
                 edges.supersede(attached.superseded)
@@ -290,13 +307,18 @@ class EdgeConnection:
             try:
                 await self._read_loop()
             except asyncio.CancelledError:
-                if not (self._superseded or self._stalled):
+                if not self._superseded and self._stalled is None:
                     raise
                 # Our own cancel (supersede, chunk warden): end the call normally so the
                 # transport sends its close/status to the peer instead of treating it as a
                 # client cancel.
                 if self._task is not None:
                     self._task.uncancel()
+                if self._stalled is not None:
+                    with contextlib.suppress(ConnectionError):
+                        await self._refuse(
+                            self._stalled, fatal=True, send_timeout=FATAL_ERROR_SEND_SECONDS
+                        )
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -304,6 +326,8 @@ class EdgeConnection:
                 ack_task.cancel()
             if warden is not None:
                 warden.cancel()
+            if self._reporter is not None:
+                self._reporter.cancel()
             if self._admission is not None:  # parked frames release their charges
                 await self._admission.close()
             if self._uplink is not None:
@@ -424,6 +448,7 @@ class EdgeConnection:
                 del points
                 if self._uplink.chunks.in_progress:
                     self._chunks_held.set()
+                    ready.errors += self._shed_to_fair_share(now)
                 charge = ready.charge
                 for refused in ready.errors:
                     await self._refuse(refused, fatal=False, frame=refused.frame)
@@ -487,18 +512,26 @@ class EdgeConnection:
             self._admission.on_grant_wait(waiting)
 
     async def _refuse(
-        self, exc: ProtocolError, *, fatal: bool, frame: pb.Frame | None = None
+        self,
+        exc: ProtocolError,
+        *,
+        fatal: bool,
+        frame: pb.Frame | None = None,
+        send_timeout: float | None = None,
     ) -> None:
-        self._metrics.rejected.labels(self.transport.name, exc.reason).inc()
-        _refusals.log(exc.reason, "refused input from %s: %s", self.transport.name, exc)
+        self._count_refusal(exc)
         if fatal:
             # An Error message first where the transport can still carry it, then the close.
             if not isinstance(exc, FrameTooLarge):
-                with contextlib.suppress(ConnectionError):
-                    await self.send(self._error(exc, fatal=True))
+                with contextlib.suppress(ConnectionError, TimeoutError):
+                    await asyncio.wait_for(self.send(self._error(exc, fatal=True)), send_timeout)
             await self.transport.reject(exc)
             return
         await self.send(self._error(exc, fatal=False, frame=frame))
+
+    def _count_refusal(self, exc: ProtocolError) -> None:
+        self._metrics.rejected.labels(self.transport.name, exc.reason).inc()
+        _refusals.log(exc.reason, "refused input from %s: %s", self.transport.name, exc)
 
     async def _refuse_frame(self, exc: ProtocolError) -> None:
         await self._refuse(exc, fatal=False, frame=exc.frame)
@@ -544,38 +577,57 @@ class EdgeConnection:
         while other connections wait for memory, and close it once it has held frames for
         ``chunk_stall_seconds`` without completing one. Each refusal goes to this edge only;
         none of it waits for the edge to send another piece."""
-        assert self._uplink is not None and self._governor is not None
-        chunks, governor, config = self._uplink.chunks, self._governor, self._config
+        assert self._uplink is not None
+        chunks, config = self._uplink.chunks, self._config
         while True:
             await self._chunks_held.wait()
             while chunks.in_progress:
                 await asyncio.sleep(config.chunk_check_interval_seconds)
                 now = time.monotonic()
-                refusals = chunks.expire(now)
-                others_waiting = governor.waiting - (1 if self._grant_waiting else 0)
-                if others_waiting > 0:
-                    # Fair share: what admission may hold, split evenly between connections.
-                    share = governor.admissible_bytes // max(1, len(self._edges))
-                    refusals += chunks.shed(share, now)
-                for exc in refusals:
-                    await self._refuse(exc, fatal=False, frame=exc.frame)
+                refusals = chunks.expire(now) + self._shed_to_fair_share(now)
                 held_for = chunks.stalled_for(now)
                 if chunks.in_progress and held_for >= config.chunk_stall_seconds:
-                    await self._close_stalled(held_for, chunks.charged_bytes)
+                    self._close_stalled(held_for, chunks.charged_bytes)
                     return
+                self._report_chunk_refusals(refusals)
             self._chunks_held.clear()
 
-    async def _close_stalled(self, held_for: float, held_bytes: int) -> None:
-        """Fatal ``CHUNK_ABANDONED``: the connection held memory without progress."""
-        self._stalled = True
-        exc = ChunksStalled(
+    def _report_chunk_refusals(self, refusals: list[ProtocolError]) -> None:
+        """Count them now; send them from a task of their own (bounded queue)."""
+        for exc in refusals:
+            self._count_refusal(exc)
+            self._chunk_reports.append(exc)
+        if self._chunk_reports and (self._reporter is None or self._reporter.done()):
+            self._reporter = asyncio.create_task(self._send_chunk_reports(), name="chunk-reports")
+
+    async def _send_chunk_reports(self) -> None:
+        with contextlib.suppress(ConnectionError):
+            while self._chunk_reports:
+                exc = self._chunk_reports.popleft()
+                await self.send(self._error(exc, fatal=False, frame=exc.frame))
+
+    def _shed_to_fair_share(self, now: float) -> list[ProtocolError]:
+        """While another connection waits for memory, cut this one's incomplete chunked frames
+        back to its fair share: what admission may hold, split evenly between connections."""
+        governor = self._governor
+        assert governor is not None and self._uplink is not None
+        if governor.waiting - (1 if self._grant_waiting else 0) <= 0:
+            return []
+        share = governor.admissible_bytes // max(1, len(self._edges))
+        return self._uplink.chunks.shed(share, now)
+
+    def _close_stalled(self, held_for: float, held_bytes: int) -> None:
+        """Fatal ``CHUNK_ABANDONED``: the connection held memory without progress. Its frames
+        are released at once (the close handshake may take a while); the read loop is
+        cancelled and ``run`` reports the error and closes."""
+        self._stalled = ChunksStalled(
             f"held {held_bytes} bytes of incomplete chunked frames for {held_for:.1f} s "
             f"without completing one (chunk_stall_seconds {self._config.chunk_stall_seconds:g})"
         )
-        with contextlib.suppress(ConnectionError):
-            await self._refuse(exc, fatal=True)
+        assert self._uplink is not None
+        self._uplink.chunks.close()
         if self._task is not None and not self._task.done():
-            self._task.cancel()  # ends the read loop (gRPC: the call ends with the status set)
+            self._task.cancel()
 
     def _drain_message(self) -> pb.BridgeMessage:
         return pb.BridgeMessage(

@@ -151,3 +151,70 @@ def test_unknown_streams_whole_frames_and_age_abandon_or_refuse() -> None:
     late = r.feed(fresh, charged(gov, fresh), 7.0)  # any later feed expires the stale one
     assert sorted(e.wire.code for e in late.errors) == [pb.UNKNOWN_STREAM, pb.CHUNK_ABANDONED]
     assert r.in_progress == 0 and gov.live_charges == 0
+
+
+def open_frames(gov: Governor, r: Reassembler, names: list[str], size: int, now: float) -> None:
+    """The first piece (half) of a ``size``-byte frame on each of ``names``."""
+    for name in names:
+        first = pieces(name, 1, frame_bytes(name, 1, size), [size // 2])[0]
+        assert r.feed(first, charged(gov, first), now).errors == []
+
+
+def test_expire_drops_held_frames_on_a_timer_without_another_piece() -> None:
+    gov = Governor(64 * MAX)
+    r = Reassembler({"a", "b", "c"}, MAX, max_age_seconds=5.0)
+    open_frames(gov, r, ["a", "b"], 4000, now=0.0)
+    open_frames(gov, r, ["c"], 4000, now=3.0)
+    held = gov.total_bytes
+    assert held > 0 and r.charged_bytes == held
+    assert r.expire(4.9) == []  # nothing is old enough yet
+    gone = r.expire(5.1)  # no piece came: the timer alone drops a and b
+    assert sorted((e.wire.code, e.frame.stream_id, e.frame.seq) for e in gone) == [  # type: ignore[union-attr]
+        (pb.CHUNK_ABANDONED, "a", 1),
+        (pb.CHUNK_ABANDONED, "b", 1),
+    ]
+    assert r.in_progress == 1 and gov.total_bytes == r.charged_bytes < held
+    assert [e.frame.stream_id for e in r.expire(8.1)] == ["c"]  # type: ignore[union-attr]
+    assert r.in_progress == 0 and gov.total_bytes == 0 and gov.live_charges == 0
+
+
+def test_shed_cuts_back_to_a_share_dropping_the_least_recently_fed_first() -> None:
+    gov = Governor(64 * MAX)
+    names = [f"s{i}" for i in range(6)]
+    r = Reassembler(set(names), MAX)
+    for i, name in enumerate(names):
+        open_frames(gov, r, [name], 20_000, now=float(i))
+    # s0 is fed again (the frame its edge is sending now): it goes last.
+    body = frame_bytes("s0", 1, 20_000)
+    second = pieces("s0", 1, body, [10_000, 15_000])[1]
+    assert r.feed(second, charged(gov, second), 9.0).errors == []
+    per_frame = r.charged_bytes // 7  # six first halves and one quarter, about
+    share = 3 * per_frame
+    gone = r.shed(share, 10.0)
+    assert [e.frame.stream_id for e in gone] == ["s1", "s2", "s3", "s4"]  # type: ignore[union-attr]
+    assert all(e.wire.code == pb.CHUNK_ABANDONED and not e.fatal for e in gone)
+    assert r.charged_bytes <= share and gov.total_bytes == r.charged_bytes
+    assert r.shed(share, 11.0) == []  # within its share: nothing more goes
+    assert len(r.shed(0, 12.0)) == 2 and gov.total_bytes == 0 and gov.live_charges == 0
+
+
+def test_stalled_for_counts_time_holding_since_a_frame_last_completed() -> None:
+    gov = Governor(64 * MAX)
+    r = Reassembler({"a", "b"}, MAX, max_age_seconds=5.0)
+    assert r.stalled_for(100.0) == 0.0  # holding nothing: never stalled
+    open_frames(gov, r, ["a"], 4000, now=0.0)
+    assert r.stalled_for(4.0) == 4.0
+    assert len(r.expire(6.0)) == 1  # dropped at 6 s: the clock stops, but does not restart
+    assert r.stalled_for(50.0) == 6.0  # idle time holding nothing does not count
+    open_frames(gov, r, ["a"], 4000, now=50.0)  # the same edge holds again, completing nothing
+    assert r.stalled_for(53.0) == 9.0
+    # A piece completing a frame is progress: only what is still held counts from then on.
+    open_frames(gov, r, ["b"], 4000, now=53.0)
+    body = frame_bytes("a", 1, 4000)
+    last = pieces("a", 1, body, [2000])[1]
+    done = r.feed(last, charged(gov, last), 54.0)
+    assert done.charge is not None
+    done.charge.release()
+    assert r.stalled_for(55.0) == 1.0
+    r.close()
+    assert gov.total_bytes == 0 and gov.live_charges == 0
