@@ -123,6 +123,9 @@ class Settings:
     chunk_max_age_seconds: float = 15.0
     chunk_stall_seconds: float = 30.0
     chunk_check_interval_seconds: float = 0.25
+    # Decoded bytes of refused codec decodes a connection may cost beyond what it decoded
+    # successfully before it is closed (docs/protocol.md §4.1): two refused 16 MiB clouds.
+    refused_decode_budget_bytes: int = 32 * MiB
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -257,7 +260,13 @@ def validate(s: Settings) -> list[str]:
             (f.name.startswith("max_") and f.name not in _NON_NEGATIVE)
             or f.name.endswith("_seconds")
             or f.name
-            in ("ring_budget_bytes", "worker_depth", "subscriber_queue_frames", "sink_batch_frames")
+            in (
+                "ring_budget_bytes",
+                "worker_depth",
+                "subscriber_queue_frames",
+                "sink_batch_frames",
+                "refused_decode_budget_bytes",
+            )
         )
         if positive and isinstance(value, int | float) and value <= 0:
             problems.append(f"{f.name}: must be > 0")

@@ -93,6 +93,9 @@ HELP: dict[str, str] = {
     "chunk_max_age_seconds",
     "chunk_check_interval_seconds": "how often a connection holding incomplete chunked frames "
     "checks their age, its fair share of memory and its stall deadline",
+    "refused_decode_budget_bytes": "decoded bytes of refused codec decodes one connection may "
+    "cost beyond what it decoded successfully; past it the connection is closed (fatal "
+    "CODEC_ERROR)",
     "sink_ack_timeout_seconds": "frames in flight to the sink with no ack progress for this "
     "long: the push stream is reset and replayed",
     "sink_keepalive_seconds": "HTTP/2 keepalive ping interval on an idle push channel (gRPC "

@@ -136,8 +136,14 @@ async def grpc_bomber(target: str) -> tuple[str, list[pb.Error]]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("transport", ["ws", "grpc"])
-async def test_codec_bombs_cost_only_their_sender(transport: str, free_port: int) -> None:
+@pytest.mark.parametrize(
+    ("transport", "budget"), [("ws", None), ("grpc", None), ("ws", 1)], ids=["ws", "grpc", "ws-1B"]
+)
+async def test_codec_bombs_cost_only_their_sender(
+    transport: str, budget: int | None, free_port: int
+) -> None:
+    """The default budget (32 MiB) lets 2-3 bombs of 16 MiB be refused before the close; a
+    budget of 1 byte closes the connection after the first."""
     delivered: list[int] = []
 
     def on_frame(got: pb.ProcessedFrame) -> None:
@@ -159,6 +165,7 @@ async def test_codec_bombs_cost_only_their_sender(transport: str, free_port: int
             "0",
             "--http-port",
             "0",
+            *(["--refused-decode-budget-bytes", str(budget)] if budget else []),
         )
         try:
             await asyncio.sleep(0.3)
@@ -203,7 +210,8 @@ async def test_codec_bombs_cost_only_their_sender(transport: str, free_port: int
     ]
     assert [line.split()[-1] for line in counted] == ["1.0"], counted
     refused = [c for c in codes if c == (pb.CODEC_ERROR, False)]
-    assert 1 <= len(refused) <= 4, f"{len(refused)} refused decodes before the close"
+    most = 1 if budget == 1 else 4
+    assert 1 <= len(refused) <= most, f"{len(refused)} refused decodes before the close"
     assert watch.worst_healthz < HEALTHZ_BOUND_S, f"/healthz stalled {watch.worst_healthz:.2f} s"
     assert good.stats.disconnects == 0 and good.stats.dropped == 0
     assert delivered == list(range(1, 21)), "the good edge lost or repeated frames"
