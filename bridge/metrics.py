@@ -7,9 +7,30 @@ backend).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 
+from bridge.errors import WIRE
 from bridge.governor import Component, Governor
+
+# ``*_created`` series (one per counter/histogram child: 48 of 257 lines on a fresh bridge) carry
+# process start times nothing here or in the chart's alerts and dashboard reads. Process-wide.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+TRANSPORTS = ("ws", "grpc")
+# Closed label sets, pre-created at zero so every family has samples from the first scrape (a
+# family with no children exports nothing: rate() and absent() alerts see no series at all).
+DROP_REASONS = ("drop_oldest",)
+SINK_FAILURE_REASONS = ("ack_timeout", "handshake_timeout")
+UNAUTHORIZED_SURFACES = ("http", "subscribe")
+# Refusals that close a connection (fatal in the wire table): the reasons of connections_closed.
+CLOSE_REASONS = tuple(reason for reason, wire in WIRE.items() if wire.fatal)
 
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 _DECIMATE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5)
@@ -92,8 +113,12 @@ class BridgeMetrics:
         self.sink_connected = Gauge(
             "bridge_sink_connected", "1 while the push stream to the sink is up", registry=r
         )
-        self.sink_reconnects = Counter(
-            "bridge_sink_reconnects_total", "Push stream (re)connection attempts", registry=r
+        self.sink_reconnects = _AfterFirst(
+            Counter(
+                "bridge_sink_reconnects_total",
+                "Push stream reconnection attempts (the first connection is not counted)",
+                registry=r,
+            )
         )
         self.sink_replayed = Counter(
             "bridge_sink_replayed_frames_total",
@@ -136,6 +161,23 @@ class BridgeMetrics:
             registry=r,
         )
         ProcessCollector(registry=r)  # process_resident_memory_bytes and friends
+        self._zero_known_labels()
+
+    def _zero_known_labels(self) -> None:
+        for transport in TRANSPORTS:
+            self.frames_received.labels(transport)
+            self.bytes_received.labels(transport)
+            self.connections.labels(transport)
+            for reason in WIRE:
+                self.rejected.labels(transport, reason)
+            for reason in CLOSE_REASONS:
+                self.connections_closed.labels(transport, reason)
+        for reason in DROP_REASONS:
+            self.frames_dropped.labels(reason)
+        for reason in SINK_FAILURE_REASONS:
+            self.sink_failures.labels(reason)
+        for surface in UNAUTHORIZED_SURFACES:
+            self.unauthorized.labels(surface)
 
     def watch_governor(self, governor: Governor) -> None:
         """Memory series read from the governor at scrape time (never stale)."""
@@ -179,3 +221,19 @@ class BridgeMetrics:
         """``bridge_decimate_backend{backend}``: 1 for the backend in use, 0 for the others."""
         for backend in ("cuda", "c", "numpy"):
             self.decimate_backend.labels(backend).set(1 if backend == name else 0)
+
+
+class _AfterFirst:
+    """A counter whose first ``inc()`` is ignored: the push loop counts every connection attempt,
+    and the first one is a connect, not a reconnect."""
+
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+        self._first = True
+
+    def inc(self, amount: float = 1) -> None:
+        if self._first:
+            self._first = False
+            amount -= 1
+        if amount > 0:
+            self.counter.inc(amount)

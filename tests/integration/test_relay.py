@@ -110,7 +110,8 @@ async def test_sink_restart_loses_and_duplicates_nothing_and_keeps_edges_connect
         assert edge.stats.disconnects == grpc_edge.stats.disconnects == 0
         await edge.close()
         await grpc_edge.close()
-        assert metric(bridge, "bridge_sink_reconnects_total") >= 2
+        # One reconnect after the restart (the first connect is not counted).
+        assert metric(bridge, "bridge_sink_reconnects_total") >= 1
     await sink.stop()
     totals = sink.record.totals()
     assert totals["delivered"] == 120
