@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import logging
 import os
@@ -36,12 +37,17 @@ def _serve(argv: list[str]) -> int:
     )
     settings_mod.add_arguments(parser)
     ns = parser.parse_args(argv)
+    unknown = settings_mod.unknown_env()
     try:
         settings = settings_mod.from_args(ns)
     except ConfigError as exc:
+        for line in unknown:  # a misspelt variable may be why a setting is missing
+            print(f"simbridge: warning: {line}", file=sys.stderr)
         print(f"simbridge: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_format, settings.log_level)
+    for line in unknown:
+        log.warning("%s", line)
     if settings.tune_allocator:
         from bridge.memtrim import tune_allocator
 
@@ -146,13 +152,24 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
 }
 
 
+def version() -> str:
+    """The installed distribution's version (the one pip and the image tag agree on)."""
+    try:
+        return importlib.metadata.version("simbridge")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("--version", "-V"):
+        print(f"simbridge {version()}")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print("usage: simbridge COMMAND [ARGS]\n\ncommands:")
         for name, (_, text) in COMMANDS.items():
             print(f"  {name:<10} {text}")
-        print("\n`simbridge COMMAND --help` describes each command.")
+        print("\n`simbridge COMMAND --help` describes each command; --version prints the version.")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     try:
         return COMMANDS[argv[0]][0](argv[1:])

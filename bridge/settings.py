@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import ipaddress
 import json
 import os
@@ -159,6 +160,33 @@ _NON_NEGATIVE = (
 def env_name(field: str) -> str:
     """The environment variable of a setting (the one naming rule: ``BRIDGE_`` + upper case)."""
     return f"BRIDGE_{field.upper()}"
+
+
+# ``BRIDGE_*`` variables that name no setting but are still the project's own: the config file,
+# and the build switches setup.py reads (a developer's shell may export them).
+_OTHER_ENV = frozenset(
+    {
+        "BRIDGE_CONFIG",
+        "BRIDGE_BUILD_NATIVE",
+        "BRIDGE_BUILD_CUDA",
+        "BRIDGE_SANITIZE",
+        "BRIDGE_CUDA_ARCH",
+    }
+)
+
+
+def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """One line per ``BRIDGE_*`` variable that is not a setting: a misspelt name (``BRIDGE_WSPORT``)
+    would otherwise be ignored without a word. The closest setting's variable is suggested."""
+    env = os.environ if env is None else env
+    known = {env_name(f.name) for f in fields(Settings)}
+    lines = []
+    for key in sorted(env):
+        if key.startswith("BRIDGE_") and key not in known and key not in _OTHER_ENV:
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            lines.append(f"environment variable {key} is not a setting; ignored{hint}")
+    return lines
 
 
 def _convert(name: str, kind: type, raw: object) -> object:
