@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import ipaddress
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -45,6 +47,10 @@ def _serve(argv: list[str]) -> int:
             print(f"simbridge: warning: {line}", file=sys.stderr)
         print(f"simbridge: {exc}", file=sys.stderr)
         return 2
+    busy = ports_in_use(settings)
+    if busy:
+        print(f"simbridge: {busy[0]}", file=sys.stderr)
+        return 2
     logs.configure(settings.log_format, settings.log_level)
     for line in unknown:
         log.warning("%s", line)
@@ -64,6 +70,34 @@ def _serve(argv: list[str]) -> int:
         print(f"simbridge: {exc}", file=sys.stderr)
         return 2
     return 0 if ok else EXIT_DRAIN_INCOMPLETE
+
+
+def ports_in_use(settings: settings_mod.Settings) -> list[str]:
+    """Listeners whose port another process holds, found before gRPC binds: gRPC reports that as
+    C-level ``E...`` log lines and "Failed to bind", without the cause. Bound and released at
+    once (SO_REUSEADDR, as the listeners themselves); the listeners still report a later race."""
+    host = settings.host.strip("[]")
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:  # a host name: the listeners resolve it and report what they find
+        return []
+    if settings.reuse_port:  # sharing ports with other bridge processes is the point
+        return []
+    busy = []
+    for label, port in (
+        ("gRPC", settings.grpc_port),
+        ("WebSocket", settings.ws_port),
+        ("HTTP", settings.http_port),
+    ):
+        if not port:
+            continue
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                busy.append(f"cannot listen on {settings.host}:{port} ({label}): {exc.strerror}")
+    return busy
 
 
 async def _serve_async(settings: settings_mod.Settings) -> bool:

@@ -24,6 +24,8 @@ import yaml
 
 from bridge.credentials import read_device_tokens
 from bridge.errors import ConfigError
+from bridge.pemfiles import ca_problem as pem_ca_problem
+from bridge.pemfiles import pair_problems as pem_pair_problems
 from bridge.settings_help import flag_help
 
 MiB = 1024 * 1024
@@ -358,6 +360,16 @@ def _address_problems(s: Settings) -> list[str]:
     return problems
 
 
+_PEM_FILES = (
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_client_ca_file",
+    "sink_ca_file",
+    "sink_cert_file",
+    "sink_key_file",
+)
+
+
 def _tls_problems(s: Settings) -> list[str]:
     problems = []
     for a, b in (("tls_cert_file", "tls_key_file"), ("sink_cert_file", "sink_key_file")):
@@ -369,17 +381,24 @@ def _tls_problems(s: Settings) -> list[str]:
         problems.append("tls_client_ca_file: needs tls_cert_file/tls_key_file (a TLS server)")
     if s.sink_cert_file and not s.sink_ca_file:
         problems.append("sink_cert_file: mTLS to the sink also needs sink_ca_file")
-    for name in (
-        "tls_cert_file",
-        "tls_key_file",
-        "tls_client_ca_file",
-        "sink_ca_file",
-        "sink_cert_file",
-        "sink_key_file",
-    ):
+    for name in _PEM_FILES:
         path = getattr(s, name)
         if path and not Path(path).is_file():
             problems.append(f"{name}: {path} is not a readable file")
+    return problems + _pem_problems(s)
+
+
+def _pem_problems(s: Settings) -> list[str]:
+    """The contents of the PEM files that exist, read as gRPC and the ssl module will read them."""
+    present = {name for name in _PEM_FILES if getattr(s, name) and Path(getattr(s, name)).is_file()}
+    problems = []
+    for cert, key in (("tls_cert_file", "tls_key_file"), ("sink_cert_file", "sink_key_file")):
+        if {cert, key} <= present:
+            problems += pem_pair_problems(cert, getattr(s, cert), key, getattr(s, key))
+    for ca in ("tls_client_ca_file", "sink_ca_file"):
+        problem = pem_ca_problem(ca, getattr(s, ca)) if ca in present else None
+        if problem is not None:
+            problems.append(problem)
     return problems
 
 
