@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -920,11 +921,27 @@ def test_inconsistent_values_fail_rendering(
 # ------------------------------------------------------------------ contract with the bridge
 
 
+@pytest.fixture(scope="module")
+def pem_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A self-signed certificate and its key: the bridge loads TLS files when settings load."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not found")
+    d = tmp_path_factory.mktemp("pem")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key",
+         "-out", "tls.crt", "-days", "1", "-subj", "/CN=localhost"],
+        cwd=d, check=True, capture_output=True,
+    )  # fmt: skip
+    return str(d / "tls.crt"), str(d / "tls.key")
+
+
 @pytest.mark.parametrize("values_file", CI_FILES)
-def test_rendered_env_is_accepted_by_the_bridge(renderer: Renderer, values_file: str) -> None:
+def test_rendered_env_is_accepted_by_the_bridge(
+    renderer: Renderer, values_file: str, pem_pair: tuple[str, str]
+) -> None:
     """Every BRIDGE_* variable the chart sets is one the bridge reads, and its value loads.
 
-    The bridge ignores unknown BRIDGE_* variables, so a typo here would silently do nothing.
+    The bridge warns about unknown BRIDGE_* variables but runs on, so a typo here would do nothing.
     """
     settings_mod = pytest.importorskip("bridge.settings", reason="bridge package not importable")
     kubeapi = pytest.importorskip(
@@ -938,14 +955,14 @@ def test_rendered_env_is_accepted_by_the_bridge(renderer: Renderer, values_file:
     assert not unknown, f"the bridge does not read {unknown}"
     plain = {e["name"]: e["value"] for e in env_list if "value" in e}
     # File settings (TLS material) point into the container: they must lie under a volume mount;
-    # for loading them here, any readable file stands in.
+    # for loading them here, a real PEM certificate (or its key) stands in.
     mounts = [
         m["mountPath"] for m in bridge_container(renderer.ci(values_file)).get("volumeMounts", [])
     ]
     for name, value in list(plain.items()):
         if name.endswith("_FILE"):
             assert any(value.startswith(m.rstrip("/") + "/") for m in mounts), (name, value)
-            plain[name] = __file__
+            plain[name] = pem_pair[1] if name.endswith("_KEY_FILE") else pem_pair[0]
     settings = settings_mod.load(flags={}, env=plain)
     assert settings.log_format == plain["BRIDGE_LOG_FORMAT"]
     assert settings.decimate_backend == plain["BRIDGE_DECIMATE_BACKEND"]
