@@ -854,7 +854,7 @@ TEMPLATE_ERRORS: list[tuple[str, Obj, str]] = [
     ),
     (
         "burstable-equal-to-limits",
-        {"qosClass": "Burstable"},
+        {"qosClass": "Burstable", "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}},
         "Kubernetes would compute Guaranteed",
     ),
     (
