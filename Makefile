@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PROTO_SRC := proto/bridge/v1/bridge.proto
 
 .PHONY: run test lint proto chart-docs venv sysdeps test-memory-heavy bench-relay bench-overload bench-capacity bench-decimate bench-adapt bench-view bench-uplink bench-grpc-window bench-connect test-sanitize fuzz clean \
-	container-deps e2e-container bench-memory
+	container-deps e2e-container e2e-container-full bench-memory
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -106,14 +106,21 @@ bench-connect: venv
 	$(PY) -m benchmarks.connect
 
 # The bridge in a real container (podman + runc, image from the Dockerfile on a local mmdebstrap
-# base), resized live under load: podman update directly and through the Kubernetes stand-in.
+# base), resized live under load: podman update directly and through the Kubernetes stand-in;
+# then the hostile cases (benchmarks/container_hostile.py: edges ignoring PAUSE, subscribers
+# that never read, codec bombs, a chunk hold, live shrinks; each with a well-behaved edge and a
+# sink down then up), the short set at 400m (a few minutes).
 # Installs podman runc mmdebstrap uidmap as root with apt (only the missing ones); skips visibly
-# where containers cannot run. Table on stdout, PNG + JSON under reports/e2e-container/.
+# where containers cannot run. Tables on stdout, PNG + JSON under reports/e2e-container/.
 container-deps:
 	@bash scripts/container/install-deps.sh
 
 e2e-container: venv container-deps
 	SIMBRIDGE_E2E_CONTAINER=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/e2e
+
+# The same with every hostile case at 256m, 400m, 768m and 1g (~20 minutes; not in CI).
+e2e-container-full: venv container-deps
+	SIMBRIDGE_E2E_CONTAINER=1 SIMBRIDGE_E2E_FULL=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/e2e
 
 # RSS vs memory limit vs budget over a memory resize trace, one run (reports/bench-memory.png).
 bench-memory: venv container-deps

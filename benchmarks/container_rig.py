@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from benchmarks.container_probe import (
     ULIMITS,
+    cgroup_anon,
     free_port,
     http_get,
     kernel_oom_kills,
@@ -78,6 +79,7 @@ class Sample:
     cpu: float | None
     metrics: dict[str, float]
     vmrss: int = 0
+    cg_anon: int = 0  # anonymous memory charged to the container's cgroup (memory.stat)
 
 
 @dataclass(slots=True)
@@ -160,6 +162,7 @@ class RigConfig:
     ws_margin: int = 64 * MiB  # "working-set" steps: peak usage + this, rounded up to 4 MiB
     max_frame_bytes: int = 4 * MiB
     env: dict[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()  # more `simbridge serve` flags
 
 
 class ContainerRig:
@@ -176,10 +179,12 @@ class ContainerRig:
         self.cgroup: ContainerCgroup | None = None
         self.started_at = ""
         self.scrape_errors = 0
+        self._metrics: dict[str, float] = {}  # the latest /metrics scrape
         self.load_ended_t: float | None = None
         self.died_t: float | None = None  # when the harness found the container gone
         self._t0 = 0.0
         self._procs: list[asyncio.subprocess.Process] = []
+        self._sink_proc: asyncio.subprocess.Process | None = None
         self._sink_addr = ""
         self._cur_cpu, self._cur_mem = cfg.cpu, cfg.memory
         self.sink_report: dict[str, Any] = {}
@@ -210,10 +215,14 @@ class ContainerRig:
         main = "from loadgen.cli import main; raise SystemExit(main())"
         return [sys.executable, "-c", main, *args]
 
-    async def start_sink(self) -> None:
+    async def start_sink(self, listen: str = "127.0.0.1:0", record: Path | None = None) -> None:
+        """The reference sink; with ``record`` it writes every frame's metadata there (JSON
+        lines, ``received_ns`` included)."""
+        extra = ["--record", str(record)] if record is not None else []
         proc = await self._spawn(
-            *self._loadgen("sink", "--listen", "127.0.0.1:0", "--no-fsync", "--json")
+            *self._loadgen("sink", "--listen", listen, "--no-fsync", "--json", *extra)
         )
+        self._sink_proc = proc
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
         if not line.startswith("sink listening on "):
@@ -261,6 +270,7 @@ class ContainerRig:
             str(self.cfg.max_frame_bytes),
             "--log-format",
             "json",
+            *self.cfg.extra_args,
         )
         deadline = time.monotonic() + 60
         while True:
@@ -278,10 +288,24 @@ class ContainerRig:
         self.oom_start = self.cgroup.oom_counters()
 
     async def logs(self, tail: int = 40) -> str:
+        """The bridge's last log lines: ``podman logs`` replays the container's stderr (where
+        the bridge logs) on its own stderr, so both streams are read."""
+        proc = await asyncio.create_subprocess_exec(
+            *self.podman.base,
+            "logs",
+            "--tail",
+            str(tail),
+            self.name,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         try:
-            return await self.podman.run("logs", "--tail", str(tail), self.name)
-        except PodmanError as e:
-            return str(e)
+            out, _ = await asyncio.wait_for(proc.communicate(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return "podman logs timed out"
+        return out.decode(errors="replace")
 
     async def start_publisher(
         self, transport: str, duration_s: float
@@ -363,14 +387,32 @@ class ContainerRig:
             self.cgroup.cpu_limit_cores(),
         )
 
+    async def _scrape_loop(self) -> None:
+        """Keeps ``_metrics`` at the bridge's latest ``/metrics`` (every 100 ms at most); a
+        scrape that fails leaves the last one. Its own task: a bridge whose event loop stalls
+        answers late, and the cgroup samples must not wait for it."""
+        while True:
+            t = time.monotonic()
+            try:
+                self._metrics = await self.scrape()
+            except (OSError, TimeoutError, ValueError, IndexError):
+                self.scrape_errors += 1
+            await asyncio.sleep(max(0.0, t + SAMPLE_S - time.monotonic()))
+
     async def _sample_loop(self) -> None:
+        """Every 100 ms: the cgroup (limit, usage, anon, OOM counters), the bridge's RSS, and
+        the latest scraped metrics."""
+        scraper = asyncio.ensure_future(self._scrape_loop())
+        try:
+            await self._sample_cgroup()
+        finally:
+            scraper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await scraper
+
+    async def _sample_cgroup(self) -> None:
         next_t = time.monotonic()
         while True:
-            try:
-                metrics = await self.scrape()
-            except (OSError, TimeoutError, ValueError, IndexError):
-                metrics = {}
-                self.scrape_errors += 1
             try:
                 usage, limit, cpu = self._cg_values()
             except OSError:
@@ -379,7 +421,14 @@ class ContainerRig:
                 self._died()
                 return  # the container is gone: the final checks say why
             anon, vmrss = process_rss(self.pid)
-            self.samples.append(Sample(self.now(), anon, usage, limit, cpu, metrics, vmrss))
+            try:
+                assert self.cgroup is not None
+                cg_anon = cgroup_anon(self.cgroup.memory_dir, self.cgroup.version)
+            except (OSError, ValueError):
+                cg_anon = 0
+            self.samples.append(
+                Sample(self.now(), anon, usage, limit, cpu, dict(self._metrics), vmrss, cg_anon)
+            )
             with contextlib.suppress(OSError, ValueError):
                 self.oom_end = self.cgroup.oom_counters() if self.cgroup else {}
             next_t += SAMPLE_S
@@ -398,18 +447,21 @@ class ContainerRig:
 
     # ------------------------------------------------------------------ steps
 
+    def working_set_limit(self) -> int:
+        """A "working-set" step's limit: just above the working set (``ws_margin``), but never
+        below what the memory governor needs for a data budget at all (startup baseline + its
+        fixed headroom + a small budget): below that the bridge rightly admits nothing and the
+        step would only measure a stall."""
+        governor_floor = self.baseline_rss() + governor_headroom(self.cfg.max_frame_bytes)
+        return round_up(
+            max(self.working_set() + self.cfg.ws_margin, governor_floor + MIN_BUDGET), 4 * MiB
+        )
+
     async def _apply(self, i: int, step: Step, resizer: Resizer) -> StepResult:
         cpu = step.cpu if step.cpu is not None else self._cur_cpu
         mem: int
         if step.memory == "working-set":
-            # Just above the working set, but never below what the memory governor needs for a
-            # data budget at all (startup baseline + its fixed headroom + a small budget): below
-            # that the bridge rightly admits nothing and the step would only measure a stall.
-            governor_floor = self.baseline_rss() + governor_headroom(self.cfg.max_frame_bytes)
-            mem = round_up(
-                max(self.working_set() + self.cfg.ws_margin, governor_floor + MIN_BUDGET),
-                4 * MiB,
-            )
+            mem = self.working_set_limit()
         elif isinstance(step.memory, int):
             mem = step.memory
         else:
@@ -494,10 +546,15 @@ class ContainerRig:
             with contextlib.suppress(OSError, ValueError):
                 self.oom_end = self.cgroup.oom_counters()
         self.kernel_ooms = await asyncio.to_thread(kernel_oom_kills, self.container_id)
-        sink = self._procs[0]
+        self.sink_report = await self.stop_sink()
+
+    async def stop_sink(self) -> dict[str, Any]:
+        """SIGTERM to the sink; its JSON summary."""
+        sink = self._sink_proc
+        assert sink is not None
         if sink.returncode is None:
             sink.send_signal(signal.SIGTERM)
-        self.sink_report = await self._json_output(sink, "sink")
+        return await self._json_output(sink, "sink")
 
     def alive(self) -> bool:
         """The bridge process (the container's PID 1) and its cgroup still exist."""
@@ -513,7 +570,9 @@ class ContainerRig:
         if self.died_t is not None:
             return
         self.died_t = self.now()
-        for proc in self._procs[1:]:
+        for proc in self._procs:
+            if proc is self._sink_proc or proc.returncode is not None:
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
 
