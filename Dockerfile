@@ -109,6 +109,8 @@ RUN groupadd --system --gid 10001 simbridge \
 # 8080 WebSocket ingest (/v1/ingest), 9090 gRPC (ingest, Visualization.Subscribe, grpc.health.v1),
 # 9100 HTTP (/metrics, /healthz, /readyz, /debug/resources).
 EXPOSE 8080 9090 9100
+COPY LICENSE NOTICE /usr/share/doc/simbridge/
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:9100/healthz', timeout=2).status != 200)"]
 WORKDIR /tmp
 LABEL org.opencontainers.image.title="simbridge" \
       org.opencontainers.image.description="Live simulation bridge that adapts to in-place pod resize" \

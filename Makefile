@@ -126,5 +126,18 @@ e2e-container-full: venv container-deps
 bench-memory: venv container-deps
 	$(PY) -m benchmarks.memory
 
+# The image the chart deploys by default (image.repository simbridge, tag = the chart's appVersion),
+# cpu target. Named docker.io/library/simbridge:TAG, the name Kubernetes gives "simbridge:TAG", so a
+# podman-built archive loaded into kind matches the chart (podman would otherwise say localhost/).
+# podman where installed (docker format, which keeps the HEALTHCHECK), else docker;
+# CONTAINER_TOOL=docker to choose. Loading it into kind:
+# docs/operations.md, "Build the image and load it into kind".
+CHART_APP_VERSION := $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*$$/\1/p' charts/simbridge/Chart.yaml)
+IMAGE ?= docker.io/library/simbridge:$(CHART_APP_VERSION)
+CONTAINER_TOOL ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || echo docker)
+.PHONY: image
+image:
+	$(CONTAINER_TOOL) build $(if $(filter podman,$(notdir $(CONTAINER_TOOL))),--format docker) --target cpu -t $(IMAGE) .
+
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -334,4 +334,5 @@ def test_dockerignore_is_an_allowlist() -> None:
 def test_docs_say_not_run_in_ci() -> None:
     readme = (KIND_DIR / "README.md").read_text().lower()
     assert "not run on the project's ci" in readme
-    assert "cannot be built" in (CHART / "README.md").read_text().lower()
+    # The image is built here (make image, make e2e-container); loading it into kind is not.
+    assert "not run on the project's ci" in (CHART / "README.md").read_text().lower()
