@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -46,6 +47,7 @@ GRPC_MAX_MESSAGE = 64 * MiB
 INGEST_CONNECT = "/bridge.v1.Ingest/Connect"
 SUBSCRIBE = "/bridge.v1.Visualization/Subscribe"
 BOMB_STEP = 0.01  # the quantized codec's coordinate step the bomb streams declare
+STOP_WAIT_S = 3.0  # how long the CLI waits for cancelled attacks before it reports
 
 
 @dataclass(slots=True)
@@ -403,10 +405,13 @@ async def run(specs: Sequence[str], targets: Targets, duration_s: float) -> list
         await asyncio.wait_for(stop.wait(), duration_s)
     for task in tasks:
         task.cancel()
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    for (stats, _), result in zip(planned, results, strict=True):
-        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-            stats.error = f"{type(result).__name__}: {result}"[:300]
+    # A send to a bridge that stopped reading may not end at once: the stats are already
+    # counted, so they are reported after a short wait whatever the tasks still do.
+    await asyncio.wait(tasks, timeout=STOP_WAIT_S)
+    for (stats, _), task in zip(planned, tasks, strict=True):
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            stats.error = f"{type(exc).__name__}: {exc}"[:300]
     return [stats for stats, _ in planned]
 
 
@@ -426,9 +431,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=3600.0, metavar="S")
     args = p.parse_args(argv)
     targets = Targets(args.ws, args.grpc, args.frame_bytes, args.max_frame_bytes)
-    stats = asyncio.run(run(args.attack, targets, args.duration))
-    print(json.dumps({s.name: asdict(s) for s in stats}))
-    return 0
+    loop = asyncio.new_event_loop()
+    stats = loop.run_until_complete(run(args.attack, targets, args.duration))
+    print(json.dumps({s.name: asdict(s) for s in stats}), flush=True)
+    os._exit(0)  # not asyncio.run's shutdown: it would wait on a send the bridge never reads
 
 
 if __name__ == "__main__":
