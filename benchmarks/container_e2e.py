@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import container_report as report
+from benchmarks.container_resize import PodmanResizer, Resizer
 from benchmarks.container_rig import (
     ContainerRig,
     Load,
     MiB,
-    PodmanResizer,
-    Resizer,
     RigConfig,
     Step,
     remove_stale,

@@ -41,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import container_report as report
+from benchmarks.container_good_edge import GoodEdge, good_edge_at_sink
 from benchmarks.container_probe import HealthProbe, free_port, kernel_oom_kills, round_up
+from benchmarks.container_resize import DirectResizer
 from benchmarks.container_rig import (
     MIN_BUDGET,
     SAMPLE_S,
@@ -53,10 +55,12 @@ from benchmarks.container_rig import (
     remove_stale,
 )
 from bridge.resources.from_settings import memory_headroom_bytes as governor_headroom
-from loadgen.kubesim_podman import Podman, PodmanError
-from loadgen.record import decode
+from loadgen.kubesim_podman import PodmanError
 
 MAX_FRAME = 16 * MiB
+#: More ``simbridge serve`` flags for every case (``--serve-flag``: experiments, e.g. whether
+#: a case behaves the same with ``--passthrough``).
+EXTRA_SERVE_ARGS: tuple[str, ...] = ()
 FLOOD_FRAME = 15 * MiB
 CPU = 1.5
 #: The good edge's longest time without a frame reaching the sink while the sink is up (the
@@ -131,70 +135,6 @@ class Timing:
         return self.down_s + shrink + self.up_s
 
 
-@dataclass(slots=True)
-class GoodEdge:
-    """The well-behaved edge as the sink saw it (its record file) and as it reported."""
-
-    published: int = -1
-    delivered: int = 0  # distinct seqs at the sink
-    duplicated: int = 0
-    lost: int = -1  # published - delivered (-1: the edge gave no report)
-    undelivered_at_edge: int = -1
-    disconnects: int = -1
-    stall_s: float = -1.0  # longest time without a good frame at the sink, sink up..attack end
-    first_after_s: float = -1.0  # sink up → its first good frame
-
-
-def good_edge_at_sink(
-    record: Path, device_prefix: str, window_ns: tuple[int, int], publish: dict[str, Any]
-) -> GoodEdge:
-    """Exactly-once and stall figures of the devices named ``device_prefix*`` in a sink record
-    file; ``window_ns`` (wall clock): sink up .. attackers stopped."""
-    out = GoodEdge()
-    seen: set[tuple[str, str, int]] = set()
-    arrivals: list[int] = []
-    total = 0
-    if record.exists():
-        with record.open() as f:
-            for line in f:
-                rec, _dup = decode(line)
-                if not rec.device_id.startswith(device_prefix):
-                    continue
-                total += 1
-                seen.add((rec.device_id, rec.stream_id, rec.seq))
-                arrivals.append(rec.received_ns)
-    out.delivered, out.duplicated = len(seen), total - len(seen)
-    if "published" in publish:
-        out.published = int(publish["published"])
-        out.lost = out.published - out.delivered
-        out.undelivered_at_edge = int(publish.get("undelivered", -1)) + int(
-            publish.get("dropped_resend_overflow", 0)
-        )
-        out.disconnects = int(publish.get("disconnects", -1))
-    start, end = window_ns
-    if end > start:
-        inside = sorted(t for t in arrivals if start <= t <= end)
-        marks = [start, *inside, end]
-        out.stall_s = max(b - a for a, b in itertools.pairwise(marks)) / 1e9
-        out.first_after_s = (inside[0] - start) / 1e9 if inside else (end - start) / 1e9
-    return out
-
-
-class DirectResizer:
-    """``podman update --memory`` at once (no wait for usage to fall: usage counts page cache,
-    which the kernel reclaims on the way down; runc refuses a limit below what it cannot)."""
-
-    name = "podman update"
-
-    def __init__(self, podman: Podman, container: str) -> None:
-        self.podman, self.container = podman, container
-
-    async def resize(self, cpu: float, memory: int) -> list[str]:
-        args = ["--cpus", f"{cpu:g}", "--memory", f"{memory}b", "--memory-swap", f"{memory}b"]
-        await self.podman.update(self.container, args)
-        return []
-
-
 class HostileRig(ContainerRig):
     """One case: the bridge container, the good edge, the attackers, the sink down then up."""
 
@@ -206,7 +146,7 @@ class HostileRig(ContainerRig):
             load=GOOD,
             max_frame_bytes=MAX_FRAME,
             ws_margin=16 * MiB,  # "just above the working set"
-            extra_args=("--sink-backoff-max-seconds", "0.5"),
+            extra_args=("--sink-backoff-max-seconds", "0.5", *EXTRA_SERVE_ARGS),
         )
         super().__init__(cfg, tag=f"{case.name}-{limit // MiB}")
         self.case, self.limit, self.timing = case, limit, timing
@@ -621,7 +561,12 @@ def main(argv: list[str] | None = None) -> int:
         "--limit", action="append", type=int, metavar="MIB", help="repeatable; 400 by default"
     )
     p.add_argument("--out", type=Path, default=Path("reports/e2e-container"))
+    p.add_argument(
+        "--serve-flag", action="append", default=[], help="repeatable: --serve-flag=--passthrough"
+    )
     args = p.parse_args(argv)
+    global EXTRA_SERVE_ARGS
+    EXTRA_SERVE_ARGS = tuple(args.serve_flag)
     try:
         image = container_env.prepare()
     except container_env.Unavailable as e:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from benchmarks.container_probe import (
     ULIMITS,
@@ -45,6 +45,7 @@ from benchmarks.container_probe import (
     process_rss,
     round_up,
 )
+from benchmarks.container_resize import Resizer
 from bridge.resources.from_settings import memory_headroom_bytes as governor_headroom
 from loadgen.kubesim_podman import ContainerCgroup, Podman, PodmanError
 
@@ -97,45 +98,6 @@ class StepResult:
     match: bool = False
     resize_ms: float = 0.0  # the resize call itself (podman update / PATCH until converged)
     notes: list[str] = field(default_factory=list)
-
-
-class Resizer(Protocol):
-    """Changes the running container's limits; returns when the cgroup holds them."""
-
-    name: str
-
-    async def resize(self, cpu: float, memory: int) -> list[str]: ...
-
-
-class PodmanResizer:
-    """``podman update --cpus --memory`` on the running container (runc update), with the
-    kubelet's guard: a memory decrease waits (up to ``hold_s``) while the container's usage is at
-    or above the new limit, and is not applied if usage never falls below it."""
-
-    name = "podman update"
-
-    def __init__(self, podman: Podman, container: str, cgroup: ContainerCgroup, hold_s: float = 20):
-        self.podman, self.container, self.cgroup, self.hold_s = podman, container, cgroup, hold_s
-
-    async def resize(self, cpu: float, memory: int) -> list[str]:
-        notes = []
-        limit = self.cgroup.memory_limit()
-        if limit is None or memory < limit:
-            t0 = time.monotonic()
-            while self.cgroup.memory_usage() >= memory:
-                if time.monotonic() - t0 > self.hold_s:
-                    raise RuntimeError(
-                        f"memory decrease held {self.hold_s:.0f} s: usage "
-                        f"{self.cgroup.memory_usage() >> 20} MiB ≥ new limit {memory >> 20} MiB"
-                    )
-                await asyncio.sleep(0.05)
-            if time.monotonic() - t0 > 0.05:
-                notes.append(f"held {time.monotonic() - t0:.1f} s until usage < new limit")
-        await self.podman.update(
-            self.container,
-            ["--cpus", f"{cpu:g}", "--memory", f"{memory}b", "--memory-swap", f"{memory}b"],
-        )
-        return notes
 
 
 # ----------------------------------------------------------------------------- the rig

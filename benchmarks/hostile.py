@@ -182,7 +182,7 @@ async def _ws_forever(
 async def _send(ws: ClientConnection, data: bytes, stats: AttackStats) -> None:
     await ws.send(data)
     stats.sent(len(data))
-    await asyncio.sleep(0)  # ws.send does not yield while the socket takes data (DESIGN §8)
+    await asyncio.sleep(0)  # ws.send does not yield while the socket takes data (docs/design.md)
 
 
 async def _drain(ws: ClientConnection) -> None:

@@ -70,7 +70,7 @@ def test_make_image_tags_the_image_the_chart_deploys() -> None:
     wanted = f"docker.io/library/{values['image']['repository']}:{chart['appVersion']}"
     for tool in ("podman", "docker"):
         out = subprocess.run(
-            ["make", "-n", "image", f"CONTAINER_TOOL={tool}"],
+            ["make", "--no-print-directory", "-n", "image", f"CONTAINER_TOOL={tool}"],
             cwd=ROOT,
             capture_output=True,
             text=True,
