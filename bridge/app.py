@@ -34,7 +34,6 @@ from bridge.ingest import EdgeRegistry, IngestConfig
 from bridge.looplag import LoopLagMonitor
 from bridge.memtrim import release_free_heap
 from bridge.metrics import BridgeMetrics
-from bridge.pressure import PressurePolicy
 from bridge.processing import Processor
 from bridge.push_impl import SinkPusher
 from bridge.resources.from_settings import RESERVE_FRACTION, MiB
@@ -118,10 +117,6 @@ class BridgeService:
         self._trim = HeapTrimPolicy(
             slack_bytes=max(32 * MiB, 2 * settings.max_frame_bytes),
             idle_seconds=settings.heap_trim_idle_seconds,
-        )
-        self._pressure = PressurePolicy(
-            margin_fraction=settings.memory_pressure_margin,
-            min_margin_bytes=2 * settings.max_frame_bytes,
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -214,7 +209,6 @@ class BridgeService:
             self.events.committed = self.pusher.wake
             self._spawn(self.pusher.run(), "sink-pusher")
         self._spawn(self._housekeeping(), "housekeeping")
-        self._spawn(self._memory_guard(), "memory-guard")
         await self._start_adapter(self.capacity)
         await set_health(self._health, True)
         self.ready = True
@@ -309,22 +303,6 @@ class BridgeService:
                 # Frames were freed but their pages stay in the heap: give them back.
                 await asyncio.to_thread(release_free_heap)
             await asyncio.sleep(0.25)
-
-    async def _memory_guard(self) -> None:
-        """Every ``memory_pressure_check_seconds``: resident memory past the pressure line
-        holds admission back by as much (bridge.pressure)."""
-        governor, interval = self.governor, self.settings.memory_pressure_check_seconds
-        while True:
-            verdict = self._pressure.check(_rss_bytes(), self._planned_memory_limit())
-            if (verdict.hold_bytes > 0) != (governor.pressure_bytes > 0):
-                log.warning(
-                    "memory pressure %s: resident %s the line of %.0f MiB",
-                    "on" if verdict.hold_bytes else "off",
-                    "past" if verdict.hold_bytes else "back under",
-                    verdict.line_bytes / MiB,
-                )
-            governor.set_pressure(verdict.hold_bytes)
-            await asyncio.sleep(interval)
 
     def _planned_memory_limit(self) -> int | None:
         """The memory limit the current plan is sized for (a held decrease included)."""

@@ -130,9 +130,6 @@ class Governor:
         self.total_bytes = 0  # every live charge
         self.admitted_bytes = 0  # live charges of the admission and pinned tiers
         self.pinned_bytes = 0  # live charges of the pinned tier
-        #: Admission held back by resident memory past the pressure line (bridge.pressure):
-        #: nothing new is admitted into that much of the limits until it falls.
-        self.pressure_bytes = 0
         self.live_charges = 0
         self.stats = GovernorStats()
         self._waiters: deque[Waiter] = deque()
@@ -166,16 +163,6 @@ class Governor:
         self.reserve_bytes = reserve_bytes
         self._refuse_unfittable()
         self._pump()
-
-    def set_pressure(self, nbytes: int) -> None:
-        """Hold admission back by ``nbytes`` (resident memory the ledger cannot see); 0 ends
-        it. Only room for new grants shrinks: nothing is refused for it (it passes), and forced
-        charges (forward progress, which brings resident memory down) are never held."""
-        _check_size(nbytes)
-        falling = nbytes < self.pressure_bytes
-        self.pressure_bytes = nbytes
-        if falling:
-            self._pump()
 
     def _refuse_unfittable(self) -> None:
         refused = [w for w in self._waiters if self.never_fits(w.nbytes)]
@@ -263,7 +250,6 @@ class Governor:
             "admitted_bytes": self.admitted_bytes,
             "pinned_bytes": self.pinned_bytes,
             "charged_by_component": {c.value: n for c, n in self.stats.by_component.items()},
-            "pressure_bytes": self.pressure_bytes,
             "grants_waiting": self.waiting,
             "grants_waiting_bytes": self.waiting_bytes,
             "live_charges": self.live_charges,
@@ -276,10 +262,9 @@ class Governor:
     def _room_for(self, nbytes: int) -> bool:
         """Admission needs room under its limit *and* in the whole budget (optional and forced
         charges may be using part of the admission share)."""
-        held = self.pressure_bytes
         return (
-            self.admitted_bytes + nbytes + held <= self.admission_limit
-            and self.total_bytes + nbytes + held <= self.budget_bytes
+            self.admitted_bytes + nbytes <= self.admission_limit
+            and self.total_bytes + nbytes <= self.budget_bytes
         )
 
     def _new(self, component: Component, nbytes: int, tier: Tier) -> Charge:

@@ -216,13 +216,6 @@ class BridgeMetrics:
             registry=r,
         )
         overdraft.set_function(lambda: governor.stats.overdraft_peak_bytes)
-        pressure = Gauge(
-            "bridge_memory_pressure_bytes",
-            "Admission held back because resident memory is past the pressure line "
-            "(limit - margin); 0 = none",
-            registry=r,
-        )
-        pressure.set_function(lambda: governor.pressure_bytes)
 
     def publish_backend(self, name: str | None) -> None:
         """``bridge_decimate_backend{backend}``: 1 for the backend in use, 0 for the others."""

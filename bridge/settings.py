@@ -85,10 +85,6 @@ class Settings:
     # Operations
     tune_allocator: bool = True  # glibc: frames from the heap, trimmed after planned shrinks
     heap_trim_idle_seconds: float = 10.0  # free heap below the budget is trimmed after this long
-    # Resident memory past (limit - max(this fraction of it, 2 max frames)) holds admission back
-    # by as much, checked this often (bridge/pressure.py).
-    memory_pressure_margin: float = 0.10
-    memory_pressure_check_seconds: float = 0.1
     log_format: str = "text"  # text | json
     log_level: str = "INFO"
     auth_token: str = ""  # optional bearer token required from edges (Hello.auth_token / header)
@@ -314,8 +310,6 @@ def validate(s: Settings) -> list[str]:
         problems.append("grpc_window_bytes: must be between 16384 (16 KiB) and 64 MiB")
     if s.chunk_stall_seconds < s.chunk_max_age_seconds:
         problems.append("chunk_stall_seconds: must be >= chunk_max_age_seconds")
-    if not 0 <= s.memory_pressure_margin < 1:
-        problems.append("memory_pressure_margin: must be >= 0 and < 1 (a fraction of the limit)")
     if s.max_cloud_fields < 3:
         problems.append("max_cloud_fields: must be >= 3 (x, y and z)")
     if s.sink_backoff_initial_seconds > s.sink_backoff_max_seconds:

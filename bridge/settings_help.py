@@ -93,9 +93,6 @@ HELP: dict[str, str] = {
     "chunk_max_age_seconds",
     "chunk_check_interval_seconds": "how often a connection holding incomplete chunked frames "
     "checks their age, its fair share of memory and its stall deadline",
-    "memory_pressure_margin": "fraction of the memory limit (at least 2 max frames) kept free: "
-    "resident memory past the line holds admission back by as much",
-    "memory_pressure_check_seconds": "how often resident memory is compared with the pressure line",
     "refused_decode_budget_bytes": "decoded bytes of refused codec decodes one connection may "
     "cost beyond what it decoded successfully; past it the connection is closed (fatal "
     "CODEC_ERROR)",
