@@ -12,6 +12,8 @@
 The client keeps every frame until the bridge reports it delivered, resumes after reconnects
 without loss or duplicates, honours PAUSE/RESUME and Drain, and speaks WebSocket (``ws://``,
 ``wss://``) or gRPC (``grpc://``, ``grpcs://``). :class:`SyncEdgeClient` is the blocking facade.
+A refusal no retry can pass (a wrong token, say) stops it at once: ``start``, ``publish`` and
+``drain`` raise :class:`BridgeRefused` with the bridge's code and words.
 
 Modules: ``payload`` (encoding, sans-I/O), ``core`` (protocol state, sans-I/O), ``transport``
 (WebSocket / gRPC), ``client`` (asyncio), ``sync`` (blocking facade).
@@ -20,10 +22,12 @@ Modules: ``payload`` (encoding, sans-I/O), ``core`` (protocol state, sans-I/O), 
 from bridge.client.client import ClientClosed, DeliveryTimeout, EdgeClient
 from bridge.client.core import EdgeCore, EdgeStats, StreamSpec
 from bridge.client.payload import PreparedPayload
+from bridge.client.refusal import BridgeRefused
 from bridge.client.sync import SyncEdgeClient
 from bridge.client.transport import TlsConfig
 
 __all__ = [
+    "BridgeRefused",
     "ClientClosed",
     "DeliveryTimeout",
     "EdgeClient",

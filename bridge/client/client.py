@@ -38,6 +38,7 @@ from bridge.client.lanes import (
     LaneScheduler,
 )
 from bridge.client.payload import Payload, PreparedPayload
+from bridge.client.refusal import BridgeRefused, is_terminal, refusal, refused_upgrade
 from bridge.client.transport import Connection, Endpoint, TlsConfig, Transport, open_connection
 from bridge.v1 import bridge_pb2 as pb
 
@@ -51,6 +52,9 @@ LINK_POLL_SECONDS = 0.002
 #: Reconnect backoff (seconds): exponential from BACKOFF_BASE, capped, with jitter.
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 5.0
+#: After a fatal Error, how long to read on for the end of the connection (the gRPC status and
+#: its details, the WebSocket close reason) before giving up on it.
+FATAL_END_SECONDS = 1.0
 
 
 class ClientClosed(RuntimeError):
@@ -179,6 +183,10 @@ class EdgeClient:
         self._progress = asyncio.Event()  # replaced on every state change (broadcast)
         self._welcomes = 0
         self.last_close = ""  # how the last connection ended, with what the bridge said
+        #: Set when the bridge refused this edge for good: the client stopped trying.
+        self.refused: BridgeRefused | None = None
+        self._fatal: pb.Error | None = None  # a terminal Error on the current connection
+        self._fatal_seen = False  # any fatal Error on it (then its gRPC status says no more)
 
     # -- state --------------------------------------------------------------------------------
 
@@ -219,17 +227,26 @@ class EdgeClient:
         (``ConnectionError`` after ``timeout`` seconds without one)."""
         if self._closing:
             raise ClientClosed("this client was closed")
+        if self.refused is not None:
+            raise self.refused
         if self._run_task is None:
             self._run_task = asyncio.create_task(self._run(), name=f"edge-{self.device_id}")
         if wait:
             try:
-                await asyncio.wait_for(self._connected.wait(), timeout)
+                await asyncio.wait_for(self._welcomed_or_refused(), timeout)
             except TimeoutError:
                 last = f" (last connection ended {self.last_close})" if self.last_close else ""
                 await self.close()
                 raise ConnectionError(
                     f"{self.device_id}: no Welcome from {self.url} within {timeout} s{last}"
                 ) from None
+            if self.refused is not None:
+                await self.close()
+                raise self.refused
+
+    async def _welcomed_or_refused(self) -> None:
+        while not self._connected.is_set() and self.refused is None:
+            await self._progress.wait()
 
     def prepare(self, stream_id: str, data: Payload | PreparedPayload) -> PreparedPayload:
         """Encode ``data`` for ``stream_id`` once, to publish it many times cheaply."""
@@ -253,9 +270,13 @@ class EdgeClient:
         payload = self.core.prepare(stream_id, data)
         if self.wait_for_room:
             while self.core.must_wait(stream_id, payload.nbytes):
+                if self.refused is not None:
+                    raise self.refused
                 if self._closing:
                     raise ClientClosed(f"{self.device_id}: closed while waiting for room")
                 await self._progress.wait()
+        if self.refused is not None:
+            raise self.refused
         if self._closing:
             raise ClientClosed(f"{self.device_id}: publish after close")
         seq = self.core.publish(
@@ -279,10 +300,13 @@ class EdgeClient:
         return await self.wait_for(self.core.all_delivered, timeout)
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:  # noqa: ASYNC109
-        """Wait until ``predicate()`` holds after some protocol event; False on timeout."""
+        """Wait until ``predicate()`` holds after some protocol event; False on timeout,
+        :class:`BridgeRefused` once the bridge has refused this edge for good."""
         try:
             async with asyncio.timeout(timeout):
                 while not predicate():
+                    if self.refused is not None:
+                        raise self.refused
                     await self._progress.wait()
         except TimeoutError:
             return False
@@ -368,6 +392,8 @@ class EdgeClient:
                     break
             welcomed_before = self._welcomes
             drain_delay: float | None = None
+            refused: BridgeRefused | None = None
+            self._fatal, self._fatal_seen = None, False
             try:
                 self._conn = await self._open()
                 drain_delay = await self._session(self._conn)
@@ -375,6 +401,7 @@ class EdgeClient:
                 raise
             except Exception as exc:  # any failure of this connection: reconnect
                 log.debug("%s: connection ended: %r", self.device_id, exc)
+                refused = refused_upgrade(self.device_id, exc)
             finally:
                 conn, self._conn = self._conn, None
                 self._connected.clear()
@@ -384,6 +411,13 @@ class EdgeClient:
                     self.stats.close_reasons[conn.close_reason()] += 1
                     detail = conn.close_detail()
                     self.last_close = conn.close_reason() + (f": {detail}" if detail else "")
+                    refused = refused or refusal(
+                        self.device_id,
+                        self._fatal,
+                        close=conn.close_reason(),
+                        detail=conn.close_detail(),
+                        fatal_seen=self._fatal_seen,
+                    )
             if self._closing:
                 break
             if self._welcomes > welcomed_before:
@@ -392,6 +426,11 @@ class EdgeClient:
             else:
                 self.stats.connect_failures += 1
                 attempt += 1
+            if refused is not None:
+                log.warning("%s", refused)
+                self.refused = refused
+                self._notify()
+                break
             delay = drain_delay if drain_delay is not None else self._backoff(attempt)
             self._notify()
 
@@ -410,6 +449,11 @@ class EdgeClient:
         if kind != "welcome":
             if kind == "error":
                 self.core.on_error(first.error)
+                self._fatal_seen = first.error.fatal
+                if is_terminal(first.error, welcomed=False):
+                    self._fatal = first.error
+                if first.error.fatal:
+                    await self._read_to_end(conn)
             raise ConnectionError(f"expected Welcome, got {kind}")
         self.welcome = first.welcome
         self.core.on_welcome(first.welcome, time.time_ns())
@@ -425,6 +469,9 @@ class EdgeClient:
                 self._notify()
                 if drain is not None:
                     return drain
+                if self._fatal is not None:
+                    await self._read_to_end(conn)
+                    return None
             return None
         finally:
             await cancel_and_wait(sender)
@@ -441,6 +488,9 @@ class EdgeClient:
             if self.lanes is not None and msg.error.code in CHUNK_RESTARTS:
                 self.lanes.restart(msg.error.stream_id, msg.error.seq)
             self.core.on_error(msg.error)
+            self._fatal_seen = self._fatal_seen or msg.error.fatal
+            if is_terminal(msg.error, welcomed=True):
+                self._fatal = msg.error
             self._wake.set()
         elif kind == "drain":
             self.stats.drains += 1
@@ -448,6 +498,15 @@ class EdgeClient:
         elif kind == "welcome":
             self.stats.errors["UNEXPECTED_WELCOME"] += 1
         return None
+
+    @staticmethod
+    async def _read_to_end(conn: Connection) -> None:
+        """After a fatal Error: read until the bridge ends the connection, so its close reason
+        or gRPC status (with details) is known rather than our own cancel."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(FATAL_END_SECONDS):
+                while await conn.recv() is not None:
+                    pass
 
     async def _send_loop(self, conn: Connection) -> None:
         if self.lanes is not None:

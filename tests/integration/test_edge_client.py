@@ -525,11 +525,19 @@ async def test_errors_are_counted_by_code(env: Env) -> None:
     await env.fake.broadcast(pb.BridgeMessage(error=err))
     await settle(c, lambda: sum(c.stats.errors.values()) == 2, "errors")
     assert c.stats.errors == {"UNKNOWN_STREAM": 2}
-    fatal = pb.Error(code=pb.PROTOCOL_VIOLATION, fatal=True)
+    # A fatal error a retry can pass (a stall; bridge.client.refusal): counted, and reconnected.
+    fatal = pb.Error(code=pb.CHUNK_ABANDONED, fatal=True)
     await env.fake.broadcast(pb.BridgeMessage(error=fatal))
     env.fake.kill()  # a fatal error is followed by the bridge closing
     await settle(c, lambda: c.stats.reconnects == 1, "reconnect after fatal error")
-    assert c.stats.errors["PROTOCOL_VIOLATION"] == 1
+    assert c.stats.errors["CHUNK_ABANDONED"] == 1
+    # One no retry can pass ends the client's attempts, in the bridge's words.
+    fatal = pb.Error(code=pb.PROTOCOL_VIOLATION, message="second Hello", fatal=True)
+    await env.fake.broadcast(pb.BridgeMessage(error=fatal))
+    env.fake.kill()
+    await settle(c, lambda: c.refused is not None, "refused")
+    assert c.refused is not None and "PROTOCOL_VIOLATION: second Hello" in str(c.refused)
+    assert c.stats.reconnects == 1
     await c.close()
 
 
