@@ -54,3 +54,12 @@ async def test_a_live_session_is_named_and_retried_until_it_ends(transport: str)
         await first.close()
         async with EdgeClient(target, device_id="dev", streams=[StreamSpec("s")]) as again:
             assert again.connected
+
+
+async def test_a_wrong_websocket_path_ends_start_at_once() -> None:
+    """The bridge answers the upgrade with HTTP 404: no retry will change that."""
+    async with running_bridge() as service:
+        wrong = ws_url(service).replace("/v1/ingest", "/v1/ingets")
+        edge = EdgeClient(wrong, device_id="dev", streams=[StreamSpec("s")])
+        with pytest.raises(BridgeRefused, match="HTTP 404"):
+            await asyncio.wait_for(edge.start(timeout=10), 1.5)
