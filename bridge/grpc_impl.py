@@ -209,7 +209,7 @@ def build_server(
         # larger window is paid for in sessions rather than hidden from the budget.
         window = governor.try_charge(Component.TRANSPORT, settings.grpc_window_bytes, pinned=True)
         if window is None:
-            metrics.rejected.labels("grpc", TooManySessions.reason).inc()
+            metrics.refused("grpc", TooManySessions.reason)
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"no memory for another gRPC call's {settings.grpc_window_bytes}-byte receive "
@@ -220,7 +220,7 @@ def build_server(
         try:
             await edges.serve(transport, _bearer(context), _certificate_names(context))
         except ProtocolError as exc:  # refused by the transport itself (size, memory grant)
-            metrics.rejected.labels("grpc", exc.reason).inc()
+            metrics.refused("grpc", exc.reason)
             await transport.reject(exc)
         finally:
             window.release()

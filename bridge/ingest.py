@@ -530,7 +530,7 @@ class EdgeConnection:
         await self.send(self._error(exc, fatal=False, frame=frame))
 
     def _count_refusal(self, exc: ProtocolError) -> None:
-        self._metrics.rejected.labels(self.transport.name, exc.reason).inc()
+        self._metrics.refused(self.transport.name, exc.reason)
         _refusals.log(exc.reason, "refused input from %s: %s", self.transport.name, exc)
 
     async def _refuse_frame(self, exc: ProtocolError) -> None:

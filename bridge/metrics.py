@@ -141,7 +141,7 @@ class BridgeMetrics:
         )
         self.connections_closed = Counter(
             "bridge_connections_closed_total",
-            "Edge connections the bridge closed before or without a session, by reason",
+            "Edge connections the bridge closed, by the refusal that closed them",
             ["transport", "reason"],
             registry=r,
         )
@@ -178,6 +178,13 @@ class BridgeMetrics:
             self.sink_failures.labels(reason)
         for surface in UNAUTHORIZED_SURFACES:
             self.unauthorized.labels(surface)
+
+    def refused(self, transport: str, reason: str) -> None:
+        """Count one refusal of an edge's input; a fatal one (the wire table says which) also
+        counts the connection it closed."""
+        self.rejected.labels(transport, reason).inc()
+        if WIRE[reason].fatal:
+            self.connections_closed.labels(transport, reason).inc()
 
     def watch_governor(self, governor: Governor) -> None:
         """Memory series read from the governor at scrape time (never stale)."""

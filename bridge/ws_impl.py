@@ -370,14 +370,14 @@ async def start_ws_server(
         try:
             await edges.serve(transport, token, certificate_names(ws.transport))
         except MalformedMessage as exc:  # a text frame: refuse like any malformed message
-            metrics.rejected.labels("ws", exc.reason).inc()
+            metrics.refused("ws", exc.reason)
             await transport.reject(exc)
         finally:
             # websockets enforces max_size itself (closing with 1009): count it here, whichever
             # of our reads or writes noticed the closed connection first.
             sent = ws.protocol.close_sent
             if sent is not None and sent.code == CloseCode.MESSAGE_TOO_BIG:
-                metrics.rejected.labels("ws", FrameTooLarge.reason).inc()
+                metrics.refused("ws", FrameTooLarge.reason)
 
     return await serve(
         handler,

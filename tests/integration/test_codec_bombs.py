@@ -209,6 +209,14 @@ async def test_codec_bombs_cost_only_their_sender(
         and f'transport="{transport}"' in line
     ]
     assert [line.split()[-1] for line in counted] == ["1.0"], counted
+    closes = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("bridge_connections_closed_total{")
+        and 'reason="decode_budget"' in line
+        and f'transport="{transport}"' in line
+    ]
+    assert [line.split()[-1] for line in closes] == ["1.0"], closes
     refused = [c for c in codes if c == (pb.CODEC_ERROR, False)]
     most = 1 if budget == 1 else 4
     assert 1 <= len(refused) <= most, f"{len(refused)} refused decodes before the close"
