@@ -30,7 +30,8 @@ from bridge.events import CoreEvents
 from bridge.governor import Governor
 from bridge.grpc_impl import build_server, set_health
 from bridge.http_impl import OpsHttpServer
-from bridge.ingest import EdgeRegistry, IngestConfig
+from bridge.ingest import EdgeRegistry
+from bridge.ingest_config import IngestConfig
 from bridge.looplag import LoopLagMonitor
 from bridge.memtrim import release_free_heap
 from bridge.metrics import BridgeMetrics

@@ -17,14 +17,12 @@ import logging
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from bridge import codec
 from bridge.admission import Admission
-from bridge.chunks import DEFAULT_MAX_AGE_SECONDS
+from bridge.chunkwarden import ChunkWarden
 from bridge.core import SPLIT_DATA_BYTES
-from bridge.credentials import DeviceTokenFile
 from bridge.errors import (
     ChunksStalled,
     FrameTooLarge,
@@ -35,13 +33,13 @@ from bridge.errors import (
     Unauthenticated,
 )
 from bridge.governor import Charge, Governor
-from bridge.logs import RateLimitedLog
+from bridge.ingest_config import IngestConfig
+from bridge.logs import RateLimitedLog, log_task_failure
 from bridge.metrics import BridgeMetrics
 from bridge.offload import OffLoopDecoder
 from bridge.ports import EdgeTransport, IngestCore, Received
 from bridge.session import Session, Stream, StreamKey
-from bridge.settings import Settings
-from bridge.uplink import REFUSED_DECODE_BUDGET_BYTES, Uplink
+from bridge.uplink import Uplink
 from bridge.v1 import bridge_pb2 as pb
 
 log = logging.getLogger("bridge.ingest")
@@ -53,51 +51,6 @@ FATAL_ERROR_SEND_SECONDS = 1.0
 MAX_QUEUED_CHUNK_REPORTS = 256
 # One line per reason, then a count at most every 10 s: a fuzzer must not fill the disk.
 _refusals = RateLimitedLog(log, interval_seconds=10.0)
-
-
-@dataclass(frozen=True, slots=True)
-class IngestConfig:
-    limits: codec.Limits
-    auth_token: str = ""
-    ack_interval_seconds: float = 0.01
-    ack_accepted_delay_seconds: float = 0.05
-    reconnect_after_ms: int = 1000
-    hello_timeout_seconds: float = 5.0
-    max_pending_connections: int = 256
-    device_tokens: DeviceTokenFile | None = None
-    bind_device_to_certificate: bool = False
-    # Incomplete chunked frames (docs/protocol.md §3.2): dropped at this age, checked this
-    # often while any are held; a connection that holds them this long without completing a
-    # frame is closed.
-    chunk_max_age_seconds: float = DEFAULT_MAX_AGE_SECONDS
-    chunk_stall_seconds: float = 30.0
-    chunk_check_interval_seconds: float = 0.25
-    refused_decode_budget_bytes: int = REFUSED_DECODE_BUDGET_BYTES
-
-    @classmethod
-    def from_settings(cls, settings: Settings, limits: codec.Limits) -> IngestConfig:
-        return cls(
-            limits=limits,
-            auth_token=settings.auth_token,
-            ack_interval_seconds=settings.ack_interval_seconds,
-            ack_accepted_delay_seconds=settings.ack_accepted_delay_seconds,
-            reconnect_after_ms=settings.reconnect_after_ms,
-            hello_timeout_seconds=settings.hello_timeout_seconds,
-            max_pending_connections=settings.max_pending_connections,
-            bind_device_to_certificate=settings.bind_device_to_certificate,
-            chunk_max_age_seconds=settings.chunk_max_age_seconds,
-            chunk_stall_seconds=settings.chunk_stall_seconds,
-            chunk_check_interval_seconds=settings.chunk_check_interval_seconds,
-            refused_decode_budget_bytes=settings.refused_decode_budget_bytes,
-            device_tokens=(
-                DeviceTokenFile(
-                    settings.device_tokens_file,
-                    check_seconds=settings.device_tokens_check_seconds,
-                )
-                if settings.device_tokens_file
-                else None
-            ),
-        )
 
 
 class EdgeRegistry:
@@ -234,7 +187,7 @@ class EdgeConnection:
         self._stalled: ChunksStalled | None = None  # the chunk warden's reason to close
         self._governor: Governor | None = None  # the one every charge of ours comes from
         self._grant_waiting = False  # our transport waits for a memory grant
-        self._chunks_held = asyncio.Event()  # incomplete chunked frames are held: watch them
+        self._warden: ChunkWarden | None = None  # incomplete chunked frames (bridge.chunkwarden)
         # The warden's refusals, sent by their own task: the warden never waits on the peer.
         self._chunk_reports: deque[ProtocolError] = deque(maxlen=MAX_QUEUED_CHUNK_REPORTS)
         self._reporter: asyncio.Task[None] | None = None
@@ -301,9 +254,16 @@ class EdgeConnection:
                 welcome.resumed,
             )
             ack_task = asyncio.create_task(self._ack_writer(), name="ack-writer")
-            ack_task.add_done_callback(_log_ack_writer_failure)
-            warden = asyncio.create_task(self._chunk_warden(), name="chunk-warden")
-            warden.add_done_callback(_log_ack_writer_failure)
+            ack_task.add_done_callback(log_task_failure(log, "ack writer"))
+            self._warden = ChunkWarden(
+                self._uplink.chunks,
+                self._config,
+                self._fair_share,
+                self._report_chunk_refusals,
+                self._close_stalled,
+            )
+            warden = asyncio.create_task(self._warden.run(), name="chunk-warden")
+            warden.add_done_callback(log_task_failure(log, "chunk warden"))
             try:
                 await self._read_loop()
             except asyncio.CancelledError:
@@ -447,8 +407,8 @@ class EdgeConnection:
                     ready = self._uplink.take(msg, size, owned, now)
                 del points
                 if self._uplink.chunks.in_progress:
-                    self._chunks_held.set()
-                    ready.errors += self._shed_to_fair_share(now)
+                    assert self._warden is not None
+                    ready.errors += self._warden.held(now)
                 charge = ready.charge
                 for refused in ready.errors:
                     await self._refuse(refused, fatal=False, frame=refused.frame)
@@ -571,27 +531,6 @@ class EdgeConnection:
                 await self.send(pb.BridgeMessage(ack=ack))
             await asyncio.sleep(interval)
 
-    async def _chunk_warden(self) -> None:
-        """While incomplete chunked frames are held, every ``chunk_check_interval_seconds``:
-        drop those past their age, cut the connection back to its fair share of admission
-        while other connections wait for memory, and close it once it has held frames for
-        ``chunk_stall_seconds`` without completing one. Each refusal goes to this edge only;
-        none of it waits for the edge to send another piece."""
-        assert self._uplink is not None
-        chunks, config = self._uplink.chunks, self._config
-        while True:
-            await self._chunks_held.wait()
-            while chunks.in_progress:
-                await asyncio.sleep(config.chunk_check_interval_seconds)
-                now = time.monotonic()
-                refusals = chunks.expire(now) + self._shed_to_fair_share(now)
-                held_for = chunks.stalled_for(now)
-                if chunks.in_progress and held_for >= config.chunk_stall_seconds:
-                    self._close_stalled(held_for, chunks.charged_bytes)
-                    return
-                self._report_chunk_refusals(refusals)
-            self._chunks_held.clear()
-
     def _report_chunk_refusals(self, refusals: list[ProtocolError]) -> None:
         """Count them now; send them from a task of their own (bounded queue)."""
         for exc in refusals:
@@ -606,15 +545,14 @@ class EdgeConnection:
                 exc = self._chunk_reports.popleft()
                 await self.send(self._error(exc, fatal=False, frame=exc.frame))
 
-    def _shed_to_fair_share(self, now: float) -> list[ProtocolError]:
-        """While another connection waits for memory, cut this one's incomplete chunked frames
-        back to its fair share: what admission may hold, split evenly between connections."""
+    def _fair_share(self) -> int | None:
+        """What admission may hold, split evenly between connections, while another
+        connection waits for memory (None: nobody else waits, no cut)."""
         governor = self._governor
-        assert governor is not None and self._uplink is not None
+        assert governor is not None
         if governor.waiting - (1 if self._grant_waiting else 0) <= 0:
-            return []
-        share = governor.admissible_bytes // max(1, len(self._edges))
-        return self._uplink.chunks.shed(share, now)
+            return None
+        return governor.admissible_bytes // max(1, len(self._edges))
 
     def _close_stalled(self, held_for: float, held_bytes: int) -> None:
         """Fatal ``CHUNK_ABANDONED``: the connection held memory without progress. Its frames
@@ -657,12 +595,3 @@ class EdgeConnection:
         if ack is not None:
             with contextlib.suppress(ConnectionError):
                 await self.send(pb.BridgeMessage(ack=ack))
-
-
-def _log_ack_writer_failure(task: asyncio.Task[None]) -> None:
-    """Retrieve the ack writer's end: a closed connection is normal, anything else is logged."""
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None and not isinstance(exc, ConnectionError):
-        log.error("ack writer failed: %r", exc)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 class JsonFormatter(logging.Formatter):
@@ -66,3 +68,18 @@ class RateLimitedLog:
         suffix = f" ({kind}; {skipped} more since the last line)" if skipped else f" ({kind})"
         self.logger.log(self.level, msg + suffix, *args)
         return True
+
+
+def log_task_failure(logger: logging.Logger, what: str) -> Callable[[asyncio.Task[Any]], None]:
+    """A done-callback for a connection's background task: its end is retrieved (asyncio does
+    not warn); cancelled or a closed connection is a normal end, anything else is logged as
+    ``what`` failing."""
+
+    def done(task: asyncio.Task[Any]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, ConnectionError):
+            logger.error("%s failed: %r", what, exc)
+
+    return done

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 
 from bridge.errors import FrameNeverFits, ProtocolError
 from bridge.governor import Charge
+from bridge.logs import log_task_failure
 from bridge.uplink import Uplink
 from bridge.v1 import bridge_pb2 as pb
 
@@ -76,7 +77,9 @@ class OffLoopDecoder:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending[1].cancel()
-            pending[1].add_done_callback(_retrieve)
+            pending[1].add_done_callback(
+                log_task_failure(log, "decoding a cloud off the event loop")
+            )
 
     async def _decode_and_admit(self, frame: pb.Frame, size: int, charge: Charge) -> None:
         uplink = self._uplink
@@ -140,12 +143,3 @@ async def _grow(charge: Charge, nbytes: int) -> bool:
         charge.resize(charge.nbytes + got.nbytes)
         got.release()
     return True
-
-
-def _retrieve(task: asyncio.Task[None]) -> None:
-    """A dropped task's end: cancelled or a closed connection is normal, the rest is logged."""
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None and not isinstance(exc, ConnectionError):
-        log.error("decoding a cloud off the event loop failed: %r", exc)
