@@ -16,7 +16,8 @@ A refusal no retry can pass (a wrong token, say) stops it at once: ``start``, ``
 ``drain`` raise :class:`BridgeRefused` with the bridge's code and words.
 
 Modules: ``payload`` (encoding, sans-I/O), ``core`` (protocol state, sans-I/O), ``transport``
-(WebSocket / gRPC), ``client`` (asyncio), ``sync`` (blocking facade).
+(WebSocket / gRPC), ``client`` (asyncio), ``sender`` (one connection's send loop), ``sync``
+(blocking facade).
 """
 
 from bridge.client.client import ClientClosed, DeliveryTimeout, EdgeClient

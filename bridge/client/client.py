@@ -1,5 +1,8 @@
 """The async edge client: one connection loop and one sender task around the sans-I/O core.
 
+The sender (what goes out on a connection, batched or in lane pieces) is
+:mod:`bridge.client.sender`; this module owns connecting, receiving and the public API.
+
 Why a client at all: an edge that keeps its side of the contract (hold every frame until the bridge
 reports it *delivered*, resend above the right seq after a reconnect, honour PAUSE/RESUME and Drain,
 reconnect with backoff) loses nothing across network blips and bridge restarts. Doing that
@@ -22,33 +25,23 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from bridge import batches
 from bridge.client.core import (
     CHUNK_RESTARTS,
     DeliveryHook,
     EdgeCore,
     EdgeStats,
-    Entry,
     StreamSpec,
 )
-from bridge.client.lanes import (
-    CHUNK_OVERHEAD,
-    DEFAULT_CHUNK_BYTES,
-    DEFAULT_MAX_HOLD_SECONDS,
-    LaneScheduler,
-)
+from bridge.client.lanes import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_HOLD_SECONDS, LaneScheduler
 from bridge.client.payload import Payload, PreparedPayload
 from bridge.client.refusal import BridgeRefused, is_terminal, refusal, refused_upgrade
+from bridge.client.sender import Sender
 from bridge.client.transport import Connection, Endpoint, TlsConfig, Transport, open_connection
 from bridge.v1 import bridge_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-#: While the socket holds more than ``send_lowat_bytes`` unsent, pieces wait and the sender looks
-#: again when the excess should have drained at the link's rate, at least this long (a higher
-#: lane's frame wakes it at once).
-LINK_POLL_SECONDS = 0.002
 #: Reconnect backoff (seconds): exponential from BACKOFF_BASE, capped, with jitter.
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 5.0
@@ -327,43 +320,6 @@ class EdgeClient:
 
     # -- connection loop ----------------------------------------------------------------------
 
-    def _batch_cap(self) -> int:
-        """Bytes one batch may carry (0: this bridge takes no batches or batching is off)."""
-        limits = self.welcome.limits if self.welcome else None
-        if limits is None or limits.max_batch_frames < 2 or self.batch_bytes == 0:
-            return 0
-        cap = self.batch_bytes
-        for bound in (limits.max_frame_bytes, limits.max_telemetry_bytes):
-            if bound:
-                cap = min(cap, bound - 64)  # room for the batch's own key and length
-        return cap
-
-    async def _fill_batch(
-        self, entries: list[Entry], cap: int, limit: int, *, linger: bool
-    ) -> None:
-        """Add frames waiting to be sent to ``entries`` (marked sent), within ``cap`` bytes and
-        the Welcome's frame count; waits up to ``batch_linger`` for more when ``linger``."""
-        assert self.welcome is not None
-        max_frames = self.welcome.limits.max_batch_frames
-        total = entries[0].nbytes
-        deadline = asyncio.get_running_loop().time() + self.batch_linger
-        while len(entries) < max_frames:
-            nxt = self.core.next_to_send(limit)
-            if nxt is None:
-                left = deadline - asyncio.get_running_loop().time()
-                if not linger or left <= 0:
-                    return
-                self._wake.clear()
-                if (nxt := self.core.next_to_send(limit)) is None:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), left)
-                    continue
-            if total + nxt.nbytes > cap:
-                return
-            self.core.mark_sent(nxt)
-            entries.append(nxt)
-            total += nxt.nbytes
-
     def _notify(self) -> None:
         self._progress.set()
         self._progress = asyncio.Event()
@@ -462,7 +418,9 @@ class EdgeClient:
         self._welcomes += 1
         self._connected.set()
         self._notify()
-        sender = asyncio.create_task(self._send_loop(conn), name=f"edge-send-{self.device_id}")
+        sender = asyncio.create_task(
+            self._sender(conn, first.welcome).run(), name=f"edge-send-{self.device_id}"
+        )
         try:
             while (msg := await conn.recv()) is not None:
                 drain = self._handle(msg)
@@ -499,6 +457,22 @@ class EdgeClient:
             self.stats.errors["UNEXPECTED_WELCOME"] += 1
         return None
 
+    def _sender(self, conn: Connection, welcome: pb.Welcome) -> Sender:
+        """This connection's sender (see :mod:`bridge.client.sender`)."""
+        return Sender(
+            conn,
+            welcome,
+            core=self.core,
+            stats=self.stats,
+            lanes=self.lanes,
+            batch_bytes=self.batch_bytes,
+            batch_linger=self.batch_linger,
+            send_lowat_bytes=self.send_lowat_bytes,
+            wake=self._wake,
+            notify=self._notify,
+            device_id=self.device_id,
+        )
+
     @staticmethod
     async def _read_to_end(conn: Connection) -> None:
         """After a fatal Error: read until the bridge ends the connection, so its close reason
@@ -507,98 +481,3 @@ class EdgeClient:
             async with asyncio.timeout(FATAL_END_SECONDS):
                 while await conn.recv() is not None:
                     pass
-
-    async def _send_loop(self, conn: Connection) -> None:
-        if self.lanes is not None:
-            return await self._send_lanes(conn, self.lanes)
-        loop = asyncio.get_running_loop()
-        last_send = -1.0
-        try:
-            while True:
-                limit = self.welcome.limits.max_frame_bytes if self.welcome else 0
-                entry = self.core.next_to_send(limit)
-                if entry is None:
-                    self._notify()  # next_to_send may have rejected oversized frames
-                    self._wake.clear()
-                    if (entry := self.core.next_to_send(limit)) is None:
-                        await self._wake.wait()
-                        continue
-                # Marked before the await: a frame on its way out must not be evicted as unsent.
-                self.core.mark_sent(entry)
-                dense = loop.time() - last_send < self.batch_linger
-                data = await self._message_from(entry, self._batch_cap(), limit, dense=dense)
-                await conn.send(data)
-                last_send = loop.time()
-                del data, entry
-                # websockets' send() does not yield while the socket takes data.
-                await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            await self._send_failed(conn, exc)
-
-    async def _send_failed(self, conn: Connection, exc: Exception) -> None:
-        log.debug("%s: send failed: %r", self.device_id, exc)
-        with contextlib.suppress(Exception):
-            await conn.close()  # the receiver sees the end and the loop reconnects
-
-    async def _message_from(self, first: Entry, cap: int, limit: int, *, dense: bool) -> bytes:
-        """``first`` (marked sent) alone, or with frames waiting behind it as one batch."""
-        if first.nbytes >= cap:
-            return first.data
-        entries = [first]
-        await self._fill_batch(entries, cap, limit, linger=dense)
-        if len(entries) == 1:
-            return first.data
-        self.stats.batches += 1
-        return batches.edge_batch([e.data for e in entries])
-
-    async def _send_lanes(self, conn: Connection, lanes: LaneScheduler) -> None:
-        """The send loop with lanes: pieces of large frames, higher lanes in between. While the
-        socket holds more than ``send_lowat_bytes`` unsent, no piece is written; the loop looks
-        again when that much should have drained (or at once when a frame is published)."""
-        lanes.reset()
-        lowat = self.send_lowat_bytes
-        loop = asyncio.get_running_loop()
-        last_send = -1.0
-        try:
-            while True:
-                limit = self.welcome.limits.max_frame_bytes if self.welcome else 0
-                rate = conn.link_bytes_per_second()
-                excess = conn.unsent_bytes() - lowat if lowat else 0
-                out = lanes.next(limit, pieces=excess <= 0, link_bytes_per_second=rate)
-                if out is None:
-                    self._notify()  # next may have rejected oversized frames
-                    self._wake.clear()
-                    excess = conn.unsent_bytes() - lowat if lowat else 0
-                    out = lanes.next(limit, pieces=excess <= 0, link_bytes_per_second=rate)
-                    if out is None:
-                        poll = None
-                        if excess > 0:  # the socket drains without telling us
-                            delay = excess / rate if rate else LINK_POLL_SECONDS
-                            delay = min(max(delay, LINK_POLL_SECONDS), 0.05)
-                            poll = loop.call_later(delay, self._wake.set)
-                        await self._wake.wait()
-                        if poll is not None:
-                            poll.cancel()
-                        continue
-                data = out.data
-                if out.done is not None:
-                    # Marked before the await, as in _send_loop.
-                    self.core.mark_sent(out.done)
-                    # Small frames may share a message (never a frame that may go in pieces).
-                    cap = self._batch_cap()
-                    if lanes.mixed:
-                        cap = min(cap, lanes.chunk_bytes + CHUNK_OVERHEAD)
-                    if out.whole:
-                        dense = loop.time() - last_send < self.batch_linger
-                        data = await self._message_from(out.done, cap, limit, dense=dense)
-                await conn.send(data)
-                last_send = loop.time()
-                del data, out
-                # websockets' send() does not yield while the socket takes data.
-                await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            await self._send_failed(conn, exc)
