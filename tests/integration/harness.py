@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import numpy as np
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from bridge import settings as settings_mod
 from bridge.app import BridgeService
@@ -180,3 +181,32 @@ class BridgeProcess:
     def kill(self) -> None:
         """Kill if still running and release the pipe and the log file (idempotent)."""
         self.child.kill()
+
+
+@asynccontextmanager
+async def serve_process(*args: str) -> AsyncIterator[BridgeProcess]:
+    """``simbridge serve`` as a child process on free ports, killed on exit."""
+    proc = await BridgeProcess.start("--ws-port=0", "--grpc-port=0", "--http-port=0", *args)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+def rss(pid: int) -> int:
+    """A process's resident bytes (VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def scraped(text: str, name: str, **labels: str) -> list[float]:
+    """The values of sample ``name`` whose labels include ``labels`` in a /metrics body."""
+    return [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    ]

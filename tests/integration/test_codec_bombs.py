@@ -23,7 +23,14 @@ from bridge.v1 import bridge_pb2 as pb
 from loadgen.edge import EdgeClient, StreamConfig
 from loadgen.sink import SinkServer
 from tests.codec_bombs import batch_of, frame, quantized_bomb, quantized_stream
-from tests.integration.harness import BridgeProcess, RawGrpcEdge, http_get, xyz_cloud
+from tests.integration.harness import (
+    BridgeProcess,
+    RawGrpcEdge,
+    http_get,
+    rss,
+    scraped,
+    xyz_cloud,
+)
 
 MiB = 1 << 20
 MAX_FRAME = 16 * MiB
@@ -33,14 +40,6 @@ BOMB_POINTS = MAX_FRAME // 16  # 16 MiB declared, ~0.15 s of CPU to inflate here
 #: figure measured is printed). Decoding one bomb on the event loop stalls it ~0.15-0.2 s, a
 #: batch of them for seconds.
 HEALTHZ_BOUND_S = 0.5
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 @dataclass
@@ -201,22 +200,9 @@ async def test_codec_bombs_cost_only_their_sender(
     assert (pb.CODEC_ERROR, True) in codes, f"the bomber was not closed by its budget: {codes}"
     closed = {"ws": (1008,), "grpc": ("StatusCode.RESOURCE_EXHAUSTED", "StatusCode.INTERNAL")}
     assert ended in closed[transport], ended
-    counted = [
-        line
-        for line in metrics.splitlines()
-        if line.startswith("bridge_rejected_messages_total{")
-        and 'reason="decode_budget"' in line
-        and f'transport="{transport}"' in line
-    ]
-    assert [line.split()[-1] for line in counted] == ["1.0"], counted
-    closes = [
-        line
-        for line in metrics.splitlines()
-        if line.startswith("bridge_connections_closed_total{")
-        and 'reason="decode_budget"' in line
-        and f'transport="{transport}"' in line
-    ]
-    assert [line.split()[-1] for line in closes] == ["1.0"], closes
+    labels = {"transport": transport, "reason": "decode_budget"}
+    assert scraped(metrics, "bridge_rejected_messages_total", **labels) == [1.0]
+    assert scraped(metrics, "bridge_connections_closed_total", **labels) == [1.0]
     refused = [c for c in codes if c == (pb.CODEC_ERROR, False)]
     most = 1 if budget == 1 else 4
     assert 1 <= len(refused) <= most, f"{len(refused)} refused decodes before the close"

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -23,18 +22,15 @@ from bridge.v1 import bridge_pb2 as pb
 from loadgen.clouds import synthetic
 from loadgen.edge import EdgeClient, StreamConfig
 from loadgen.sink import SinkServer
-from tests.integration.harness import ROOT, BridgeProcess, RawGrpcEdge, hello, wait_until
+from tests.integration.harness import (
+    ROOT,
+    RawGrpcEdge,
+    hello,
+    serve_process,
+    wait_until,
+)
 
 TOKEN = "s3cret-token"
-
-
-@contextlib.asynccontextmanager
-async def bridge(*args: str) -> AsyncIterator[BridgeProcess]:
-    proc = await BridgeProcess.start("--ws-port=0", "--grpc-port=0", "--http-port=0", *args)
-    try:
-        yield proc
-    finally:
-        proc.kill()
 
 
 async def http_status(port: int, path: str, token: str = "") -> int:
@@ -71,7 +67,7 @@ async def subscribe_status(port: int, token: str = "") -> grpc.StatusCode:
 
 
 async def test_subscribe_and_ops_endpoints_require_credentials() -> None:
-    async with bridge(f"--auth-token={TOKEN}") as b:
+    async with serve_process(f"--auth-token={TOKEN}") as b:
         assert await subscribe_status(b.grpc) == grpc.StatusCode.UNAUTHENTICATED
         assert await subscribe_status(b.grpc, "wrong") == grpc.StatusCode.UNAUTHENTICATED
         assert await subscribe_status(b.grpc, TOKEN) == grpc.StatusCode.OK
@@ -84,13 +80,13 @@ async def test_subscribe_and_ops_endpoints_require_credentials() -> None:
 
 
 async def test_viewer_token_is_separate_from_the_edge_token() -> None:
-    async with bridge(f"--auth-token={TOKEN}", "--viewer-token=viewer-only") as b:
+    async with serve_process(f"--auth-token={TOKEN}", "--viewer-token=viewer-only") as b:
         assert await subscribe_status(b.grpc, TOKEN) == grpc.StatusCode.UNAUTHENTICATED
         assert await subscribe_status(b.grpc, "viewer-only") == grpc.StatusCode.OK
 
 
 async def test_metrics_can_be_left_open_for_prometheus() -> None:
-    async with bridge(f"--auth-token={TOKEN}", "--metrics-auth=open") as b:
+    async with serve_process(f"--auth-token={TOKEN}", "--metrics-auth=open") as b:
         assert await http_status(b.http, "/metrics") == 200
         assert await http_status(b.http, "/debug/resources") == 401
 
@@ -100,7 +96,7 @@ async def test_metrics_can_be_left_open_for_prometheus() -> None:
 
 @pytest.mark.parametrize("resume_token", ["", "not-a-session"])
 async def test_hello_for_a_live_device_without_its_token_is_refused(resume_token: str) -> None:
-    async with bridge() as b:
+    async with serve_process() as b:
         victim = EdgeClient("ws", b.ws_url, "victim", [StreamConfig("lidar", passthrough=True)])
         await victim.start()
         try:
@@ -123,7 +119,7 @@ async def test_hello_for_a_live_device_without_its_token_is_refused(resume_token
 
 
 async def test_connections_that_never_say_hello_are_closed() -> None:
-    async with bridge("--hello-timeout-seconds=0.5") as b:
+    async with serve_process("--hello-timeout-seconds=0.5") as b:
         async with connect(b.ws_url, compression=None) as ws:
             with pytest.raises(ConnectionClosed) as closed:
                 while True:  # an Error message first, then the close
@@ -147,7 +143,7 @@ async def test_connections_that_never_say_hello_are_closed() -> None:
 
 @pytest.mark.parametrize("voxel", [math.nan, math.inf, -1.0])
 async def test_non_finite_or_negative_voxel_is_refused_at_hello(voxel: float) -> None:
-    async with bridge() as b, connect(b.ws_url, compression=None) as ws:
+    async with serve_process() as b, connect(b.ws_url, compression=None) as ws:
         spec = pb.StreamSpec(stream_id="lidar", kind=pb.POINT_CLOUD, voxel_size=voxel)
         await ws.send(
             pb.EdgeMessage(hello=pb.Hello(device_id="d", streams=[spec])).SerializeToString()
@@ -158,7 +154,7 @@ async def test_non_finite_or_negative_voxel_is_refused_at_hello(voxel: float) ->
 
 
 async def test_point_budget_below_the_minimum_is_refused_at_hello() -> None:
-    async with bridge() as b, connect(b.ws_url, compression=None) as ws:
+    async with serve_process() as b, connect(b.ws_url, compression=None) as ws:
         spec = pb.StreamSpec(stream_id="lidar", kind=pb.POINT_CLOUD, max_points=1)
         await ws.send(
             pb.EdgeMessage(hello=pb.Hello(device_id="d", streams=[spec])).SerializeToString()
@@ -170,7 +166,7 @@ async def test_point_budget_below_the_minimum_is_refused_at_hello() -> None:
 
 
 async def test_telemetry_with_too_many_entries_is_refused_to_its_sender() -> None:
-    async with bridge("--max-telemetry-entries=1000") as b, connect(b.ws_url) as ws:
+    async with serve_process("--max-telemetry-entries=1000") as b, connect(b.ws_url) as ws:
         await ws.send(
             pb.EdgeMessage(
                 hello=pb.Hello(
@@ -250,7 +246,7 @@ async def test_a_silent_sink_is_detected_and_delivery_resumes() -> None:
         hole = Blackhole(sink.port)
         port = await hole.start()
         try:
-            async with bridge(
+            async with serve_process(
                 f"--sink-address=127.0.0.1:{port}", "--sink-ack-timeout-seconds=1"
             ) as b:
                 edge = EdgeClient(
@@ -282,7 +278,7 @@ async def test_sigterm_exit_status_reports_an_incomplete_drain() -> None:
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         dead_sink = f"127.0.0.1:{unused.getsockname()[1]}"  # bound, never listening
-        async with bridge(f"--sink-address={dead_sink}", "--drain-grace-seconds=1") as b:
+        async with serve_process(f"--sink-address={dead_sink}", "--drain-grace-seconds=1") as b:
             edge = EdgeClient("ws", b.ws_url, "d", [StreamConfig("s", passthrough=True)])
             await edge.start()
             await edge.publish("s", synthetic(16).to_proto())
@@ -293,7 +289,7 @@ async def test_sigterm_exit_status_reports_an_incomplete_drain() -> None:
 
 
 async def test_malformed_subscribe_request_is_invalid_argument() -> None:
-    async with bridge() as b, grpc.aio.insecure_channel(f"127.0.0.1:{b.grpc}") as channel:
+    async with serve_process() as b, grpc.aio.insecure_channel(f"127.0.0.1:{b.grpc}") as channel:
         method = channel.unary_stream(
             "/bridge.v1.Visualization/Subscribe",
             request_serializer=None,
@@ -380,7 +376,7 @@ async def test_per_device_tokens_bind_device_ids_and_let_a_device_take_over_its_
 
     tokens = tmp_path / "devices"
     tokens.write_text(f"robot-1 {token_digest('r1-secret')}\nrobot-2 {token_digest('r2')}\n")
-    async with bridge(f"--device-tokens-file={tokens}") as b:
+    async with serve_process(f"--device-tokens-file={tokens}") as b:
 
         async def say_hello(device: str, token: str) -> pb.BridgeMessage:
             async with connect(b.ws_url, compression=None) as ws:
@@ -423,7 +419,7 @@ async def test_worst_legal_frames_leave_a_good_edge_fast() -> None:
 
     from tests.integration.harness import xyz_cloud
 
-    async with bridge("--workers=1", "--max-telemetry-entries=4096") as b:
+    async with serve_process("--workers=1", "--max-telemetry-entries=4096") as b:
         good = EdgeClient(
             "grpc", f"127.0.0.1:{b.grpc}", "good", [StreamConfig("s", passthrough=True)]
         )

@@ -26,7 +26,7 @@ from bridge.resources.from_settings import memory_headroom_bytes
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.edge import EdgeClient, PreparedPayload, StreamConfig
 from loadgen.sink import SinkServer
-from tests.integration.harness import BridgeProcess, RawGrpcEdge, hello, http_get, xyz_cloud
+from tests.integration.harness import BridgeProcess, RawGrpcEdge, hello, http_get, rss, xyz_cloud
 
 MiB = 1 << 20
 HEAVY = os.environ.get("SIMBRIDGE_HEAVY") == "1"
@@ -34,14 +34,6 @@ BUDGET = 64 * MiB
 MAX_FRAME = 4 * MiB
 OVERHEAD = memory_headroom_bytes(MAX_FRAME)  # 64 MiB + 2 frames: what nothing charges
 FLOOD_SECONDS = 8.0 if HEAVY else 2.5
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 @dataclass

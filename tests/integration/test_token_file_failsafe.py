@@ -6,26 +6,15 @@ not once per Hello."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from websockets.asyncio.client import connect
 
 from bridge.credentials import token_digest
 from bridge.v1 import bridge_pb2 as pb
-from tests.integration.harness import BridgeProcess, RawGrpcEdge, hello
+from tests.integration.harness import BridgeProcess, RawGrpcEdge, hello, serve_process
 
 CHECK_SECONDS = 0.05
-
-
-@contextlib.asynccontextmanager
-async def bridge(*args: str) -> AsyncIterator[BridgeProcess]:
-    proc = await BridgeProcess.start("--ws-port=0", "--grpc-port=0", "--http-port=0", *args)
-    try:
-        yield proc
-    finally:
-        proc.kill()
 
 
 async def ws_hello(b: BridgeProcess, device: str, token: str) -> pb.BridgeMessage:
@@ -48,7 +37,7 @@ async def test_a_token_file_overwritten_with_invalid_utf8_keeps_the_last_good(
 ) -> None:
     tokens = tmp_path / "devices"
     tokens.write_text(f"robot-1 {token_digest('r1-secret')}\n")
-    async with bridge(
+    async with serve_process(
         f"--device-tokens-file={tokens}", f"--device-tokens-check-seconds={CHECK_SECONDS}"
     ) as b:
         assert (await ws_hello(b, "robot-1", "r1-secret")).WhichOneof("kind") == "welcome"
