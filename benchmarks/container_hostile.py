@@ -42,7 +42,7 @@ from typing import Any
 
 from benchmarks import container_report as report
 from benchmarks.container_good_edge import GoodEdge, good_edge_at_sink
-from benchmarks.container_probe import HealthProbe, free_port, kernel_oom_kills, round_up
+from benchmarks.container_probe import HealthProbe, free_port, round_up
 from benchmarks.container_resize import DirectResizer
 from benchmarks.container_rig import (
     MIN_BUDGET,
@@ -55,7 +55,6 @@ from benchmarks.container_rig import (
     remove_stale,
 )
 from bridge.resources.from_settings import memory_headroom_bytes as governor_headroom
-from loadgen.kubesim_podman import PodmanError
 
 MAX_FRAME = 16 * MiB
 #: More ``simbridge serve`` flags for every case (``--serve-flag``: experiments, e.g. whether
@@ -290,12 +289,7 @@ class HostileRig(ContainerRig):
             self.health.stop()
         cpu1 = self.cpu_stat()
         self.throttle = {k: v - cpu0.get(k, 0) for k, v in cpu1.items() if k in cpu0}
-        with contextlib.suppress(PodmanError):
-            self.final_inspect = await self.podman.inspect(self.name)
-        if self.cgroup is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self.oom_end = self.cgroup.oom_counters()
-        self.kernel_ooms = await asyncio.to_thread(kernel_oom_kills, self.container_id)
+        await self.collect_end()
         if self._sink_proc is not None:
             with contextlib.suppress(RuntimeError):
                 self.sink_report = await self.stop_sink()

@@ -502,13 +502,18 @@ class ContainerRig:
                 await sampler
             if not pub_result.done():
                 pub_result.cancel()
+        await self.collect_end()
+        self.sink_report = await self.stop_sink()
+
+    async def collect_end(self) -> None:
+        """What the run's end is judged by: podman's last inspect, the cgroup's OOM counters
+        and the kernel's OOM kills of this container."""
         with contextlib.suppress(PodmanError):
             self.final_inspect = await self.podman.inspect(self.name)
         if self.cgroup is not None:
             with contextlib.suppress(OSError, ValueError):
                 self.oom_end = self.cgroup.oom_counters()
         self.kernel_ooms = await asyncio.to_thread(kernel_oom_kills, self.container_id)
-        self.sink_report = await self.stop_sink()
 
     async def stop_sink(self) -> dict[str, Any]:
         """SIGTERM to the sink; its JSON summary."""

@@ -1,5 +1,6 @@
-"""Layout rules for the load generator and the benchmarks: small modules, and a launcher that the
-tests and benchmarks can import without the load generator's optional dependencies."""
+"""Layout rules: small modules in bridge/, loadgen/ and benchmarks/ (protoc output aside), and a
+launcher that the tests and benchmarks can import without the load generator's optional
+dependencies."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = sorted([*(ROOT / "loadgen").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")])
+GENERATED = ROOT / "bridge" / "v1"  # protoc's output (make proto)
+#: Every hand-written Python module of the three packages is held to MAX_LINES.
+SIZED = sorted(
+    [*MODULES, *(p for p in (ROOT / "bridge").rglob("*.py") if GENERATED not in p.parents)]
+)
 MAX_LINES = 600
 
 
-@pytest.mark.parametrize("path", MODULES, ids=[str(p.relative_to(ROOT)) for p in MODULES])
+@pytest.mark.parametrize("path", SIZED, ids=[str(p.relative_to(ROOT)) for p in SIZED])
 def test_module_is_small(path: Path) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(ROOT)}: {lines} lines, split it"
