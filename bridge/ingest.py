@@ -235,8 +235,8 @@ class EdgeConnection:
                     self.session.streams,
                     self._config.limits,
                     self._config.refused_decode_budget_bytes,
+                    self._config.chunk_max_age_seconds,
                 )
-                self._uplink.chunks.max_age_seconds = self._config.chunk_max_age_seconds
                 self._admission = Admission(core, edges, self.session, metrics, self.send)
                 edges.supersede(attached.superseded)
             except ProtocolError as exc:

@@ -12,7 +12,7 @@ from collections.abc import Container
 from dataclasses import dataclass, field
 
 from bridge import codec, compress
-from bridge.chunks import Reassembler, check_frame
+from bridge.chunks import DEFAULT_MAX_AGE_SECONDS, Reassembler, check_frame
 from bridge.errors import DecodeBudgetSpent, ProtocolError
 from bridge.governor import Charge
 from bridge.v1 import bridge_pb2 as pb
@@ -76,6 +76,7 @@ class Uplink:
         streams: Container[str],
         limits: codec.Limits,
         refused_decode_budget_bytes: int = REFUSED_DECODE_BUDGET_BYTES,
+        chunk_max_age_seconds: float = DEFAULT_MAX_AGE_SECONDS,
     ) -> None:
         self.codecs = {
             s.stream_id: spec
@@ -83,7 +84,7 @@ class Uplink:
             if (spec := compress.spec_of(s)).codec != compress.NONE
         }
         self.limits = limits
-        self.chunks = Reassembler(streams, limits.max_frame_bytes)
+        self.chunks = Reassembler(streams, limits.max_frame_bytes, chunk_max_age_seconds)
         self.refusals = RefusedDecodes(refused_decode_budget_bytes)
 
     @staticmethod
