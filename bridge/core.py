@@ -138,6 +138,12 @@ class BridgeCore:
             stream.accepted_seq = stream.delivered_seq = baseline
             session.streams[stream_id] = stream
             self.streams[key] = stream
+        for stream_id, seq in resume.items():
+            if stream_id not in configs and stream_id in session.streams:
+                # Delivered elsewhere (another replica) since this session last saw the edge:
+                # a stale accepted_seq would announce those frames as an upstream gap.
+                self._delivered_elsewhere(session.streams[stream_id], seq)
+        self.egress.trim_removed()
         if configs:
             state = self._state_charges[session.session_id]
             state.resize(
@@ -434,14 +440,19 @@ class BridgeCore:
                 ):
                     self._watermarks[key] = max(seq, self._watermarks.get(key, 0))
                 continue
-            if seq <= stream.delivered_seq:
-                continue
-            stream.ring.ack(seq)
-            stream.delivered_seq = seq
-            stream.accepted_seq = max(stream.accepted_seq, seq)
-            self._mark_dirty(stream, urgent=True)
-            self.listener.on_space(stream)
+            self._delivered_elsewhere(stream, seq)
         self.egress.trim_removed()
+
+    def _delivered_elsewhere(self, stream: Stream, seq: int) -> None:
+        """The sink holds ``stream`` up to ``seq`` (its watermark, or the edge's delivered_seq
+        learnt from another replica): drop what the ring holds up to it, never accept it again."""
+        if seq <= stream.delivered_seq:
+            return
+        stream.ring.ack(seq)
+        stream.delivered_seq = seq
+        stream.accepted_seq = max(stream.accepted_seq, seq)
+        self._mark_dirty(stream, urgent=True)
+        self.listener.on_space(stream)
 
     def _mark_dirty(self, stream: Stream, *, urgent: bool) -> None:
         """Note an ack change. ``urgent`` (delivered moved, or a duplicate to re-ack) is sent
