@@ -38,7 +38,7 @@ from bridge.logs import RateLimitedLog, log_task_failure
 from bridge.metrics import BridgeMetrics
 from bridge.offload import OffLoopDecoder
 from bridge.ports import EdgeTransport, IngestCore, Received
-from bridge.session import Session, Stream, StreamKey
+from bridge.session import Session, Stream, StreamKey, check_routing, routing_keys
 from bridge.uplink import Uplink
 from bridge.v1 import bridge_pb2 as pb
 
@@ -224,6 +224,7 @@ class EdgeConnection:
                 if msg.WhichOneof("kind") != "hello":
                     raise ProtocolViolation("the first message must be Hello")
                 proven = self._authenticate(msg.hello)
+                check_routing(msg.hello.device_id, routing_keys(self.transport))
                 if edges.draining:
                     await self.send(self._drain_message())
                     return

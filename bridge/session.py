@@ -9,7 +9,9 @@ bridge already holds (``accepted_seq``) and what was delivered (``delivered_seq`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlsplit
 
+from bridge.errors import ProtocolViolation
 from bridge.ring import Policy, StreamRing
 
 StreamKey = tuple[str, str]  # (device_id, stream_id)
@@ -70,3 +72,37 @@ class Session:
     @property
     def buffered_frames(self) -> int:
         return sum(len(s.ring) for s in self.streams.values())
+
+
+#: Where a load balancer hashes the device id (docs/protocol.md §1 "Routing key"): this header on
+#: the WebSocket upgrade, gRPC metadata of the same name, or the WebSocket URL's query parameter.
+ROUTING_HEADER = "x-simbridge-device"
+ROUTING_QUERY = "device"
+
+
+def routing_keys(transport: object) -> set[str]:
+    """The device ids a connection was routed by (empty: none sent). Read from the transport's
+    request: a WebSocket upgrade (``transport.ws.request``: its query and headers) or a gRPC
+    call (``transport.context``: its metadata)."""
+    keys: set[str] = set()
+    request = getattr(getattr(transport, "ws", None), "request", None)
+    if request is not None:
+        query = urlsplit(str(request.path)).query
+        keys.update(v for k, v in parse_qsl(query, keep_blank_values=True) if k == ROUTING_QUERY)
+        keys.update(request.headers.get_all(ROUTING_HEADER))
+    context = getattr(transport, "context", None)
+    if context is not None:
+        metadata = context.invocation_metadata() or ()
+        keys.update(str(v) for k, v in metadata if k == ROUTING_HEADER)
+    return keys
+
+
+def check_routing(device_id: str, keys: set[str]) -> None:
+    """A load balancer placed this connection by ``keys``: a Hello for another device would
+    land its session on a replica the balancer never sends that device to."""
+    wrong = sorted(k for k in keys if k != device_id)
+    if wrong:
+        raise ProtocolViolation(
+            f"device id {device_id!r} differs from the routing key {wrong[0]!r} "
+            f"({ROUTING_HEADER} header, ?{ROUTING_QUERY}= or gRPC metadata)"
+        )

@@ -8,7 +8,9 @@
 // cumulative), then prints a JSON summary and exits 0. Points worth knowing:
 // - load the .proto with keepCase: true, so fields are named as on the wire (delivered_seq);
 // - uint64 fields (seq, *_seq) decode as Long objects: compare them with Number(...);
-// - one binary WebSocket message = one EdgeMessage / BridgeMessage; no compression.
+// - one binary WebSocket message = one EdgeMessage / BridgeMessage; no compression;
+// - the device id goes in the URL (?device=) and the x-simbridge-device header, where a load
+//   balancer in front of several bridges can hash it (docs/protocol.md §1, routing key).
 "use strict";
 const path = require("path");
 const WebSocket = require("ws");
@@ -39,7 +41,12 @@ async function main() {
   const BridgeMessage = root.lookupType("bridge.v1.BridgeMessage");
   const send = (ws, msg) => ws.send(EdgeMessage.encode(EdgeMessage.create(msg)).finish());
 
-  const ws = new WebSocket(url, { perMessageDeflate: false });
+  const routed = new URL(url);
+  routed.searchParams.set("device", device);
+  const ws = new WebSocket(routed.toString(), {
+    perMessageDeflate: false,
+    headers: { "x-simbridge-device": device },
+  });
   const buffer = new Map(); // seq -> frame, kept until delivered
   let delivered = 0;
   const timer = setTimeout(() => { console.error("timed out"); process.exit(1); }, 30000);

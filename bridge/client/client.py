@@ -336,6 +336,7 @@ class EdgeClient:
             max_message_bytes=self.max_message_bytes,
             connect_timeout=self.connect_timeout,
             send_lowat_bytes=self.send_lowat_bytes,
+            device_id=self.device_id,
         )
 
     async def _run(self) -> None:

@@ -18,13 +18,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import grpc
 import websockets
 from websockets.asyncio.client import connect as ws_connect
 
 from bridge.v1 import bridge_pb2 as pb
+
+#: Where a load balancer finds the device id to hash on (docs/protocol.md §1): this header (the
+#: WebSocket upgrade; gRPC metadata of the same name) and the WebSocket URL's query parameter.
+ROUTING_HEADER = "x-simbridge-device"
+ROUTING_QUERY = "device"
 
 Transport = Literal["ws", "grpc"]
 #: Linux ioctl: bytes in a TCP socket's send queue not yet sent (``linux/sockios.h``).
@@ -140,13 +145,29 @@ async def open_connection(
     max_message_bytes: int,
     connect_timeout: float,
     send_lowat_bytes: int = 0,
+    device_id: str = "",
 ) -> Connection:
+    """Connect; ``device_id`` (when given) goes where a load balancer can hash it."""
     if endpoint.transport == "ws":
-        conn = await WsConnection.open(endpoint, token, tls, max_message_bytes, connect_timeout)
+        conn = await WsConnection.open(
+            endpoint, token, tls, max_message_bytes, connect_timeout, device_id
+        )
         if send_lowat_bytes:
             conn.limit_unsent(send_lowat_bytes)
         return conn
-    return GrpcConnection(endpoint, token, tls, max_message_bytes)
+    return GrpcConnection(endpoint, token, tls, max_message_bytes, device_id)
+
+
+def routed_url(url: str, device_id: str) -> str:
+    """``url`` with ``?device=<device_id>`` (a query parameter of that name is replaced)."""
+    if not device_id:
+        return url
+    parts = urlsplit(url)
+    query = [
+        (k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != ROUTING_QUERY
+    ]
+    query.append((ROUTING_QUERY, device_id))
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 class WsConnection:
@@ -163,6 +184,7 @@ class WsConnection:
         tls: TlsConfig | None,
         max_bytes: int,
         connect_timeout: float,
+        device_id: str = "",
     ) -> WsConnection:
         extra: dict[str, Any] = {}
         if endpoint.secure:
@@ -170,13 +192,16 @@ class WsConnection:
             extra["ssl"] = tls.ssl_context()
             if tls.server_name:
                 extra["server_hostname"] = tls.server_name
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if device_id:
+            headers[ROUTING_HEADER] = device_id
         ws = await ws_connect(
-            endpoint.url,
+            routed_url(endpoint.url, device_id),
             max_size=max_bytes,
             compression=None,
             ping_interval=20,
             open_timeout=connect_timeout,
-            additional_headers={"Authorization": f"Bearer {token}"} if token else None,
+            additional_headers=headers or None,
             **extra,
         )
         return cls(ws)
@@ -249,7 +274,12 @@ class GrpcConnection:
     """
 
     def __init__(
-        self, endpoint: Endpoint, token: str, tls: TlsConfig | None, max_bytes: int
+        self,
+        endpoint: Endpoint,
+        token: str,
+        tls: TlsConfig | None,
+        max_bytes: int,
+        device_id: str = "",
     ) -> None:
         options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", max_bytes),
@@ -273,8 +303,10 @@ class GrpcConnection:
             request_serializer=None,  # the core hands out serialized EdgeMessages
             response_deserializer=pb.BridgeMessage.FromString,
         )
-        metadata = (("authorization", f"Bearer {token}"),) if token else None
-        self._call = connect(metadata=metadata)
+        metadata = [("authorization", f"Bearer {token}")] if token else []
+        if device_id:
+            metadata.append((ROUTING_HEADER, device_id))
+        self._call = connect(metadata=tuple(metadata) or None)
         self._status = ""
         self._details = ""
 
