@@ -1,4 +1,4 @@
-"""``simbridge bench decimate``: every backend next to Open3D, on the same inputs, in one run.
+"""``make bench-decimate``: every backend next to Open3D, on the same inputs, in one run.
 
 For humans, not CI (timings on shared VMs are noisy, docs/design.md §6): each method is warmed
 up, then timed several times and the median reported, as input points per second (the raw
@@ -8,7 +8,8 @@ baseline during one cold call (Linux ``/proc/self/clear_refs``). The GIL line ru
 Python threads decimating at once and reports their combined throughput over one thread's:
 ~2x on two cores means the method really runs in parallel in a worker pool.
 
-Run ``python -m benchmarks.decimate --help`` for the input sets.
+Run ``python -m benchmarks.decimate --help`` for the input sets (``make bench-decimate ARGS=...``
+passes them through).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from benchmarks.decimate_peers import (
     pcl_harness,
     pcl_timed,
     ratio_summary,
-    read_frame,
     service_timed,
     service_vs_bare,
     use_cpu_time,
@@ -46,6 +46,7 @@ from benchmarks.decimate_peers import (
 from benchmarks.hostinfo import cpu_description
 from bridge.cloud import CloudLayout, make_layout
 from bridge.decimate.backends import available_backends, get_decimator
+from tests.support.clouds import lidar_like, read_frame, uniform
 
 XYZ_LAYOUT = make_layout(12, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7)])
 REPO = Path(__file__).resolve().parents[1]
@@ -68,35 +69,6 @@ class Case:
     @property
     def points(self) -> int:
         return len(self.data) // self.layout.stride
-
-
-def lidar_like(n: int, seed: int = 0) -> npt.NDArray[np.float32]:
-    """A spinning 64-beam lidar sweep in firing order (beam by beam, azimuth within a beam).
-
-    Downward beams hit the ground 1.8 m below the sensor; the rest hit walls 15-40 m away
-    whose distance wanders with azimuth, open sectors return from 50-80 m, a few percent are
-    near clutter (1-4 m); 2 cm range noise. Dense near the sensor, sparse far away.
-    """
-    rng = np.random.default_rng(seed)
-    beams = 64
-    cols = -(-n // beams)
-    elev = np.repeat(np.deg2rad(np.linspace(-25.0, 15.0, beams)), cols)
-    az = np.tile(np.linspace(0.0, 2 * np.pi, cols, endpoint=False), beams)
-    wall = 27.0 + 8.0 * np.sin(2 * az + 0.3) + 4.0 * np.sin(5 * az + 1.1)
-    far = np.sin(3 * az) > 0.7
-    wall = np.where(far, rng.uniform(50.0, 80.0, az.shape), wall)
-    wall = np.where(rng.random(az.shape) < 0.02, rng.uniform(1.0, 4.0, az.shape), wall)
-    ground = np.where(elev < 0, 1.8 / np.maximum(np.sin(-elev), 1e-6), np.inf)
-    r = np.clip(np.minimum(wall, ground) + rng.normal(0.0, 0.02, az.shape), 1.0, 80.0)
-    xyz = np.stack(
-        [r * np.cos(elev) * np.cos(az), r * np.cos(elev) * np.sin(az), r * np.sin(elev)], axis=1
-    )
-    return xyz[:n].astype(np.float32)
-
-
-def uniform(n: int, seed: int = 0) -> npt.NDArray[np.float32]:
-    """Uniform in a 20 m cube: the worst case (few points share a voxel at small sizes)."""
-    return np.random.default_rng(seed).uniform(-10, 10, (n, 3)).astype(np.float32)
 
 
 SHAPES = ("lidar", "lidar-shuffled", "uniform")
@@ -309,7 +281,7 @@ def gil_figure(name: str, run: Runner, points: int, rounds: int) -> GilRow:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="simbridge bench decimate",
+        prog="python -m benchmarks.decimate",
         description=(
             "Benchmark voxel decimation: numpy, C (1 thread and all CPUs), CUDA when present, "
             "and Open3D's legacy and tensor voxel_down_sample on the same clouds in one run "
@@ -521,7 +493,7 @@ def _fmt_row(r: Row) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``simbridge bench decimate``; returns the exit status."""
+    """Entry point for ``python -m benchmarks.decimate``; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     for folder in [] if args.no_real else args.real:  # an error, never a smaller benchmark

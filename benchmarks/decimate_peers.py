@@ -25,15 +25,12 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from bridge.cloud import CloudLayout, make_layout
+from bridge.cloud import CloudLayout
 
 REPO = Path(__file__).resolve().parents[1]
 HARNESS_SRC = Path(__file__).with_name("pcl_voxelgrid.cpp")
 HARNESS_BIN = REPO / "build" / "bench" / "pcl_voxelgrid"
-XYZI_LAYOUT = make_layout(16, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7), ("intensity", 12, 7)])
-XYZ_BIN_LAYOUT = make_layout(12, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7)])
-XYZRGB_LAYOUT = make_layout(16, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7), ("rgb", 12, 6)])
-BIN_LAYOUTS = {"xyzi": XYZI_LAYOUT, "xyz": XYZ_BIN_LAYOUT}
+
 
 #: (seconds per call, output points), measured inside the peer's own process.
 Timed = Callable[[], tuple[float, int]]
@@ -273,39 +270,6 @@ def service_timed(
         return sorted(times)[len(times) // 2], out.decimation.output_points
 
     return run
-
-
-def read_frame(
-    path: Path, bin_layout: str, o3d: Any
-) -> tuple[CloudLayout, bytes, npt.NDArray[np.float32], npt.NDArray[np.uint8] | None] | None:
-    """(layout, packed records, finite xyz, finite rgb or None) of a .pcd/.ply (through Open3D,
-    packed x, y, z, rgb, NaN points kept) or a KITTI-style .bin (float32 records)."""
-    if path.suffix == ".bin":
-        layout = BIN_LAYOUTS[bin_layout]
-        raw = path.read_bytes()
-        raw = raw[: len(raw) - len(raw) % layout.stride]
-        xyz = np.frombuffer(raw, dtype="<f4").reshape(-1, layout.stride // 4)[:, :3]
-        finite = np.isfinite(xyz).all(axis=1)
-        return layout, raw, np.ascontiguousarray(xyz[finite]), None
-    if o3d is None:
-        return None
-    pcd = o3d.t.io.read_point_cloud(str(path))
-    xyz = pcd.point.positions.numpy().astype(np.float32)
-    rgb = None
-    if "colors" in pcd.point:
-        colors = pcd.point.colors.numpy()
-        scale = 255.0 if colors.dtype.kind == "f" else 1.0
-        rgb = np.clip(np.rint(colors * scale), 0, 255).astype(np.uint8)
-    rec = np.zeros(len(xyz), dtype=XYZRGB_LAYOUT.structured_dtype)
-    for i, a in enumerate("xyz"):
-        rec[a] = xyz[:, i]
-    if rgb is not None:
-        rgba = np.zeros((len(xyz), 4), dtype=np.uint8)
-        rgba[:, :3] = rgb
-        rec["rgb"] = rgba.view("<u4")[:, 0]
-    finite = np.isfinite(xyz).all(axis=1)
-    frgb = None if rgb is None else np.ascontiguousarray(rgb[finite])
-    return XYZRGB_LAYOUT, rec.tobytes(), np.ascontiguousarray(xyz[finite]), frgb
 
 
 def ratio_summary(rows: list[Any]) -> str:

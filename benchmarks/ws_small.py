@@ -7,8 +7,9 @@ the library's frame parser (a large one once its reads are collected). This feed
 connection classes the same reads (1, 3 or 8 masked messages each, as a closed-loop edge's reads
 hold; in reads of at most 256 KiB, as the event loop delivers them), receives every message the
 way ingest does, interleaved round by round, and prints CPU time per message (median of rounds).
-No sockets: a stub transport, so only the per-message Python is measured; glibc's allocator is
-tuned as ``simbridge serve`` tunes it (without that, every large message is a fresh mmap).
+No sockets: a stub transport (``tests/support/ws_stub.py``), so only the per-message Python is
+measured; glibc's allocator is tuned as ``simbridge serve`` tunes it (without that, every large
+message is a fresh mmap).
 
     python -m benchmarks.ws_small [--size 1024] [--rounds 9] [--reads 2000]
     python -m benchmarks.ws_small --size 1200000 --reads 100     # a 1.2 MB cloud
@@ -21,79 +22,17 @@ import asyncio
 import os
 import statistics
 import time
-from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 from websockets.frames import Frame, Opcode
-from websockets.protocol import State
-from websockets.server import ServerProtocol
 
 from bridge.governor import Governor
 from bridge.memtrim import tune_allocator
 from bridge.ws_impl import GovernedConnection
+from tests.support.ws_stub import governed_connection, open_connection
 
 PER_READ = (1, 3, 8)
 READ_BYTES = 256 * 1024  # uvloop's largest socket read: what one data_received() gets at most
-
-
-class StubTransport(asyncio.Transport):
-    """Accepts writes, never pauses: the connection's bookkeeping without a socket."""
-
-    def write(self, data: Any) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return False
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-
-class StubServer:
-    handler_tasks: set[asyncio.Task[None]] = set()
-
-    async def handler(self, connection: Any) -> None:
-        pass
-
-
-async def open_connection(cls: type[ServerConnection], max_size: int = 4 << 20) -> ServerConnection:
-    """A connection past its handshake, as the server would hand it to the handler (the
-    adapter's tests use it too)."""
-    protocol = ServerProtocol(max_size=max_size)
-    protocol.state = State.OPEN
-    protocol.parser = protocol.parse()  # a parser for frames, not for the HTTP request
-    next(protocol.parser)
-    connection = cls(protocol, StubServer(), ping_interval=None, max_queue=1)  # type: ignore[arg-type]
-    connection.connection_made(StubTransport())
-    connection.request = object()  # type: ignore[assignment]
-    await asyncio.sleep(0)  # the (empty) handler task runs
-    return connection
-
-
-async def governed_connection(
-    governor: Governor, max_size: int = 4 << 20, *, hello_received: bool = True
-) -> GovernedConnection:
-    """The bridge's adapter on that stub, granting from ``governor``; past its Hello (a first
-    message is forced in, not granted) unless ``hello_received`` is False."""
-
-    class Connection(GovernedConnection):
-        pass
-
-    Connection.governor = governor
-    connection = await open_connection(Connection, max_size)
-    assert isinstance(connection, GovernedConnection)
-    if hello_received:
-        connection.meter.frames = 1
-    return connection
 
 
 async def cost_us(connection: ServerConnection, read: bytes, per_read: int, reads: int) -> float:

@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.decimate import lidar_like, uniform
 from bridge.decimate import available_backends, get_decimator
 from bridge.decimate.reference import downsample_packed
+from tests.support.clouds import lidar_like, uniform
 from tests.unit.test_decimate import LAYOUTS, pack
 from tests.unit.test_decimate_paths import XYZRGB
 

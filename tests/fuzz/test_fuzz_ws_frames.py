@@ -24,9 +24,9 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
-from benchmarks.ws_small import governed_connection, open_connection
 from bridge.governor import Governor
 from bridge.ws_impl import GovernedConnection
+from tests.support.ws_stub import governed_connection, open_connection
 
 READ_BYTES = 256 * 1024  # the event loop's largest read
 EXAMPLES = int(os.environ.get("SIMBRIDGE_FUZZ_EXAMPLES", "100"))

@@ -160,7 +160,7 @@ def test_real_frames_take_either_path_to_the_same_bytes() -> None:
     """The vendored organized frames (the hash path's target) byte-equal to the reference on
     the hash path and on the radix path, one and two threads."""
     o3d = pytest.importorskip("open3d")
-    from benchmarks.decimate_peers import read_frame
+    from tests.support.clouds import read_frame
     from tests.unit.test_decimate_open3d import PCL_DATA
 
     for path in sorted(PCL_DATA.glob("*.pcd"))[:3]:

@@ -14,9 +14,9 @@ import os
 import pytest
 from websockets.frames import Frame, Opcode
 
-from benchmarks.ws_small import governed_connection
 from bridge.governor import Component, Governor
 from bridge.ws_impl import HELLO_BYTES
+from tests.support.ws_stub import governed_connection
 
 
 @pytest.mark.parametrize("size", [1000, 100_000])  # the small path and the collected one

@@ -1,9 +1,12 @@
-"""Smoke test of ``simbridge bench decimate`` on a tiny input (figures are not asserted)."""
+"""Smoke test of ``make bench-decimate`` (``python -m benchmarks.decimate``) on a tiny input
+(figures are not asserted)."""
 
 from __future__ import annotations
 
 import gc
 import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -12,9 +15,23 @@ import numpy as np
 import pytest
 
 from benchmarks import decimate_peers
-from benchmarks.decimate import lidar_like, main, synthetic_case, uniform
+from benchmarks.decimate import main, synthetic_case
 from benchmarks.decimate_peers import pcl_harness, pcl_timed
 from bridge.decimate import available_backends
+from tests.support.clouds import lidar_like, uniform
+
+
+def test_help_names_the_command_a_user_types() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.decimate", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m benchmarks.decimate")
+    assert "--quick" in proc.stdout
 
 
 def test_json_report_has_every_method(capsys: pytest.CaptureFixture[str]) -> None:

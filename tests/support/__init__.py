@@ -1,0 +1,1 @@
+"""Helpers the tests share: stubs, synthetic inputs (never imported by the product)."""
