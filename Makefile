@@ -83,8 +83,9 @@ bench-overload: venv
 bench-capacity: venv
 	$(PY) -m benchmarks.capacity
 
+# Decimation backends against Open3D and PCL; ARGS=--quick (about a minute), ARGS=--help for the rest.
 bench-decimate: venv
-	$(PY) -m benchmarks.decimate
+	$(PY) -m benchmarks.decimate $(ARGS)
 
 bench-adapt: venv
 	$(PY) -m benchmarks.adapt

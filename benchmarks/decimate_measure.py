@@ -1,4 +1,4 @@
-"""How `simbridge bench decimate` measures a method: repeated timings within a budget, the
+"""How `make bench-decimate` measures a method: repeated timings within a budget, the
 resident high-water mark of one call, and the C kernel's key-frame guesses (benchmarks/decimate.py
 keeps the cases, the table and the command line)."""
 

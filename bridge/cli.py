@@ -1,4 +1,4 @@
-"""``simbridge``: the bridge's command line (serve, resources, decimate, bench, view).
+"""``simbridge``: the bridge's command line (serve, resources, decimate, view).
 
 Only this module calls ``sys.exit``. ``serve`` installs signal handlers: SIGTERM (or a first
 SIGINT) drains and exits 0, or 3 when the grace period ended with frames undelivered (the edges
@@ -149,28 +149,6 @@ def _decimate(argv: list[str]) -> int:
     return decimate_main(argv)
 
 
-def _bench(argv: list[str]) -> int:
-    """``simbridge bench NAME [ARGS]``: ``--help`` after NAME is that benchmark's own help."""
-    parser = argparse.ArgumentParser(
-        prog="simbridge bench",
-        usage="simbridge bench NAME [ARGS ...]",
-        description="Benchmarks for humans. `simbridge bench NAME --help` describes one and "
-        "its arguments.",
-    )
-    parser.add_argument("what", metavar="NAME", choices=["decimate"], help="one of: decimate")
-    if not argv or argv[0].startswith("-"):
-        parser.parse_args(argv)  # prints the usage (or -h) and exits
-    ns = parser.parse_args(argv[:1])
-    if ns.what == "decimate":
-        try:  # benchmarks/ ships with the source tree, not with the server package
-            from benchmarks.decimate import main as bench_main
-        except ImportError as exc:
-            print(f"simbridge bench needs a source checkout (benchmarks/): {exc}", file=sys.stderr)
-            return 2
-        return bench_main(argv[1:])
-    return 2  # pragma: no cover - argparse's choices admit nothing else
-
-
 def _view(argv: list[str]) -> int:
     from bridge.view.cli import main as view_main
 
@@ -181,7 +159,6 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "serve": (_serve, "run the bridge"),
     "resources": (_resources, "print the limits the bridge sees and where each came from"),
     "decimate": (_decimate, "voxel-downsample a PCD/PLY file"),
-    "bench": (_bench, "run a benchmark (bench decimate)"),
     "view": (_view, "visualization sink: Foxglove WebSocket, MCAP record, browser page"),
 }
 
