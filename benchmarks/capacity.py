@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.overload import POINTS, RESEND_FRAMES, VOXEL, MiB
-from loadgen.cli import _run_async
+from loadgen.aio import run_async
 from loadgen.launch import ChildProcess, serve_command
 from loadgen.procs import publish_procs
 from loadgen.sink import SinkServer
@@ -188,4 +188,4 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    sys.exit(_run_async(main(parse())))
+    sys.exit(run_async(main(parse())))

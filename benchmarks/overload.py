@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadgen.cli import _run_async
+from loadgen.aio import run_async
 from loadgen.launch import ChildProcess, serve_command
 from loadgen.procs import publish_procs
 from loadgen.sink import SinkServer
@@ -220,4 +220,4 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    sys.exit(_run_async(main(parse())))
+    sys.exit(run_async(main(parse())))

@@ -13,10 +13,11 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from loadgen.aio import run_async
 from loadgen.edge import DEFAULT_MAX_MESSAGE_BYTES, Publisher, Transport
 from loadgen.procs import publish_procs
 from loadgen.sink import SinkServer
@@ -37,16 +38,6 @@ COMMANDS: dict[str, Command] = {}
 def register(cmd: Command) -> Command:
     COMMANDS[cmd.name] = cmd
     return cmd
-
-
-def _run_async(coro: Coroutine[Any, Any, int]) -> int:
-    """Run on uvloop when it is installed (the loopback ceilings in docs/design.md §6 assume it)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
 
 
 def _print(text: str, out: TextIO | None = None) -> None:
@@ -168,7 +159,7 @@ register(
         "batch is recorded. It counts losses, duplicates, reorders and announced gaps per "
         "(device, stream) and prints a summary on SIGINT/SIGTERM.",
         configure=_configure_sink,
-        run=lambda args: _run_async(_sink_main(args)),
+        run=lambda args: run_async(_sink_main(args)),
     )
 )
 
@@ -322,7 +313,7 @@ async def _publish_main(args: argparse.Namespace) -> int:
 
 def _run_publish(args: argparse.Namespace) -> int:
     try:
-        return _run_async(_publish_main(args))
+        return run_async(_publish_main(args))
     except ValueError as exc:  # invalid combination of numbers
         _print(f"error: {exc}", sys.stderr)
         return 2

@@ -16,6 +16,7 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from loadgen.aio import run_async  # uvloop when installed, like the CLI
 from loadgen.edge import LoadStats, Publisher, longest_stall_s, schedule_lagged
 
 #: How long children get to start and connect before the shared schedule begins.
@@ -36,8 +37,6 @@ def split(edges: int, procs: int) -> list[tuple[int, int]]:
 
 def _child(kwargs: dict[str, Any]) -> dict[str, Any]:
     """One process's publisher (runs in a spawned child): its report plus the raw samples."""
-    from loadgen.cli import _run_async  # uvloop when installed, like the CLI
-
     result: dict[str, Any] = {}
 
     async def main() -> int:
@@ -58,7 +57,7 @@ def _child(kwargs: dict[str, Any]) -> dict[str, Any]:
         )
         return 0
 
-    _run_async(main())
+    run_async(main())
     return result
 
 
