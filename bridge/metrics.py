@@ -154,6 +154,12 @@ class BridgeMetrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             registry=r,
         )
+        self.loop_busy = Counter(
+            "bridge_event_loop_busy_seconds_total",
+            "Seconds the event loop's thread was running or waiting for a CPU; its rate is the"
+            " loop's busy fraction (0-1), the saturation signal the chart's HPA scales on",
+            registry=r,
+        )
         self.unauthorized = Counter(
             "bridge_unauthorized_requests_total",
             "Requests refused for missing or wrong credentials, by surface",
