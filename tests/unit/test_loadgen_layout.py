@@ -1,6 +1,6 @@
-"""Layout rules: small modules in bridge/, loadgen/ and benchmarks/ (protoc output aside), and a
-launcher that the tests and benchmarks can import without the load generator's optional
-dependencies."""
+"""Layout rules: small modules in every Python package of the repository (bridge/, loadgen/,
+benchmarks/, tests/, examples/, scripts/; protoc's output aside), and a launcher that the tests
+and benchmarks can import without the load generator's optional dependencies."""
 
 from __future__ import annotations
 
@@ -13,17 +13,37 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = sorted([*(ROOT / "loadgen").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")])
 GENERATED = ROOT / "bridge" / "v1"  # protoc's output (make proto)
-#: Every hand-written Python module of the three packages is held to MAX_LINES.
+PACKAGES = ("bridge", "loadgen", "benchmarks", "tests", "examples", "scripts")
+#: Every hand-written Python file of the repository is held to MAX_LINES.
 SIZED = sorted(
-    [*MODULES, *(p for p in (ROOT / "bridge").rglob("*.py") if GENERATED not in p.parents)]
+    p
+    for top in PACKAGES
+    for p in (ROOT / top).rglob("*.py")
+    if GENERATED not in p.parents and "__pycache__" not in p.parts
 )
 MAX_LINES = 600
+#: Over the limit for now: each is being changed by another engineer; split it when that lands.
+TEMPORARY = {
+    "tests/unit/test_chart.py",  # the chart's tests (charts/ work in progress)
+    "tests/integration/test_edge_client.py",  # the edge SDK's tests (bridge/client/ in progress)
+}
 
 
 @pytest.mark.parametrize("path", SIZED, ids=[str(p.relative_to(ROOT)) for p in SIZED])
 def test_module_is_small(path: Path) -> None:
+    rel = str(path.relative_to(ROOT))
     lines = len(path.read_text().splitlines())
-    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)}: {lines} lines, split it"
+    if rel in TEMPORARY:
+        assert lines > MAX_LINES, f"{rel} is small now: take it off TEMPORARY"
+        pytest.xfail(f"{rel}: {lines} lines, a temporary exception")
+    assert lines <= MAX_LINES, f"{rel}: {lines} lines, split it"
+
+
+def test_every_package_is_measured() -> None:
+    """Each package contributes files (a renamed folder would otherwise drop out silently)."""
+    for top in PACKAGES:
+        assert any(p.is_relative_to(ROOT / top) for p in SIZED), top
+    assert not any(p.is_relative_to(GENERATED) for p in SIZED)
 
 
 def _imported_roots(path: Path) -> set[str]:
