@@ -65,6 +65,19 @@ def parser() -> argparse.ArgumentParser:
         help="frame_id for a stream's clouds (repeatable); else the cloud's own, else the default",
     )
     g.add_argument("--default-frame-id", default="world")
+    g.add_argument(
+        "--foxglove-hold-messages",
+        type=int,
+        default=64,
+        help="newest messages a channel keeps while nobody subscribes to it, for its first "
+        "subscriber (%(default)s)",
+    )
+    g.add_argument(
+        "--foxglove-hold-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="bytes all channels keep that way together (%(default)s)",
+    )
     g = p.add_argument_group("browser page")
     g.add_argument("--web-host", default="127.0.0.1")
     g.add_argument("--web-port", type=_port_or_off, default=None, help="serve the page here")
@@ -97,6 +110,8 @@ def main(argv: list[str]) -> int:
         foxglove_port=ns.foxglove_port,
         frame_ids=tuple(ns.frame_id),
         default_frame_id=ns.default_frame_id,
+        foxglove_hold_messages=ns.foxglove_hold_messages,
+        foxglove_hold_bytes=ns.foxglove_hold_bytes,
         web_host=ns.web_host,
         web_port=ns.web_port,
         web_max_points=ns.web_max_points,

@@ -45,6 +45,9 @@ class ViewSettings:
     max_message_bytes: int = 64 * 1024 * 1024
     ack_batch_frames: int = 64
     viewer_queue_frames: int = 256
+    # Kept for a Foxglove channel's first subscriber (bridge/view/foxglove_hold.py)
+    foxglove_hold_messages: int = 64
+    foxglove_hold_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass
@@ -99,6 +102,8 @@ class ViewService:
                 host=s.foxglove_host,
                 port=s.foxglove_port,
                 queue_frames=s.viewer_queue_frames,
+                hold_messages=s.foxglove_hold_messages,
+                hold_bytes=s.foxglove_hold_bytes,
             )
             self.ports.foxglove = self.foxglove.start()
             self.fanout.add(self.foxglove)
