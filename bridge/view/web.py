@@ -3,9 +3,13 @@
 One ``websockets`` server does both HTTP and WebSocket (``process_request`` answers plain GETs),
 so the page needs no web framework and no CDN: ``static/`` holds hand-written HTML and WebGL.
 
-Backpressure: frames are converted once (:mod:`bridge.view.webframe`) and each browser keeps
-only the newest unsent frame per topic. A browser that reads slowly skips frames (counted per
-stream and per client) and never delays anything else.
+Backpressure: the page shows the newest cloud of each stream, so the outlet keeps only the
+newest frame per topic that it has not converted yet (:mod:`bridge.view.webframe`); a frame that a
+newer one of the same stream replaces there is *skipped* (a catch-up burst after a bridge
+restart, or frames arriving faster than they convert), counted in ``status()["skipped"]`` and not a
+viewer drop: no browser had a chance at it. Each browser then keeps only the newest unsent frame
+per topic; a frame replaced there is a *viewer drop* (counted per stream and per client): that
+browser reads too slowly. Neither ever delays anything else.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from bridge.view import webframe
-from bridge.view.fanout import Delivery, DroppingQueue
+from bridge.view.fanout import Delivery
 from bridge.view.stats import ViewStats
 
 log = logging.getLogger("bridge.view.web")
@@ -97,7 +101,9 @@ class WebOutlet:
         self.max_points = max_points
         self.max_clients = max_clients
         self.max_topics = max_topics
-        self._queue: DroppingQueue[Delivery] = DroppingQueue(4, self._dropped)
+        # The newest frame per topic not yet converted: a newer one replaces it (skipped).
+        self._pending: dict[str, Delivery] = {}
+        self._ready = asyncio.Event()
         self._clients: set[_Client] = set()
         # The newest frame per topic, for viewers that connect later: bounded like the rest.
         self._latest: OrderedDict[str, tuple[tuple[str, str], bytes]] = OrderedDict()
@@ -107,7 +113,8 @@ class WebOutlet:
             name: (resources.files("bridge.view") / "static" / name).read_bytes()
             for name in STATIC_FILES
         }
-        self.dropped = 0
+        self.skipped = 0
+        self.client_drops = 0  # of browsers that have gone
 
     async def start(self) -> int:
         self._server = await serve(
@@ -134,36 +141,43 @@ class WebOutlet:
             await self._server.wait_closed()
 
     def offer(self, delivery: Delivery) -> None:
-        if delivery.frame.HasField("point_cloud"):
-            self._queue.put(delivery)
+        frame = delivery.frame
+        if not frame.HasField("point_cloud"):
+            return
+        topic = f"/{frame.device_id}/{frame.stream_id}"
+        if self._pending.pop(topic, None) is not None:
+            self.skipped += 1
+        elif len(self._pending) >= self.max_topics:
+            self._pending.pop(next(iter(self._pending)))
+            self.skipped += 1
+        self._pending[topic] = delivery
+        self._ready.set()
 
     def status(self) -> dict[str, Any]:
         return {
             "port": self.port,
             "clients": len(self._clients),
-            "dropped": self.dropped + sum(c.dropped for c in self._clients),
+            "dropped": self.client_drops + sum(c.dropped for c in self._clients),
+            "skipped": self.skipped,
         }
-
-    def _dropped(self, delivery: Delivery) -> None:
-        self.dropped += 1
-        self.stats.viewer_drop(delivery.frame.device_id, delivery.frame.stream_id)
 
     async def _run(self) -> None:
         while True:
-            delivery = await self._queue.get()
-            frame = delivery.frame
-            data = webframe.encode(frame, self.max_points)
-            if data is None:
-                continue
-            topic = f"/{frame.device_id}/{frame.stream_id}"
-            key = (frame.device_id, frame.stream_id)
-            self._latest[topic] = (key, data)
-            self._latest.move_to_end(topic)
-            while len(self._latest) > self.max_topics:
-                self._latest.popitem(last=False)
-            for client in self._clients:
-                client.push(topic, key, data)
-            await asyncio.sleep(0)
+            await self._ready.wait()
+            self._ready.clear()
+            while self._pending:
+                topic = next(iter(self._pending))
+                frame = self._pending.pop(topic).frame
+                data = webframe.encode(frame, self.max_points)
+                if data is not None:
+                    key = (frame.device_id, frame.stream_id)
+                    self._latest[topic] = (key, data)
+                    self._latest.move_to_end(topic)
+                    while len(self._latest) > self.max_topics:
+                        self._latest.popitem(last=False)
+                    for client in self._clients:
+                        client.push(topic, key, data)
+                await asyncio.sleep(0)
 
     def _http(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
@@ -194,6 +208,7 @@ class WebOutlet:
         except ConnectionClosed:
             pass
         finally:
+            self.client_drops += client.dropped  # what it missed stays in the total
             self._clients.discard(client)
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
