@@ -123,6 +123,22 @@ e2e-container: venv container-deps
 e2e-container-full: venv container-deps
 	SIMBRIDGE_E2E_CONTAINER=1 SIMBRIDGE_E2E_FULL=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/e2e
 
+# Three `simbridge serve` replicas behind HAProxy (examples/haproxy/haproxy.cfg: consistent hash
+# on x-simbridge-device, WebSocket over HTTP/1.1, gRPC over h2), 24 devices at 10 Hz over both
+# transports and one sink; scaled 3 -> 2 -> 3 (SIGTERM, then a new replica through the runtime
+# API) and one replica SIGKILLed (about a minute; benchmarks/replicas.py, docs/scaling.md).
+# Installs Debian's haproxy as root with apt when missing; skips visibly elsewhere. Report
+# under reports/e2e-replicas/.
+.PHONY: e2e-replicas
+e2e-replicas: venv
+	@command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy >/dev/null 2>&1 \
+	      || (apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy >/dev/null 2>&1) \
+	      || echo "warning: could not install haproxy; the replicas e2e will skip"; \
+	  else echo "note: haproxy missing (apt-get install haproxy, as root); the replicas e2e will skip"; fi; }
+	SIMBRIDGE_E2E_REPLICAS=1 $(PY) -m pytest -q -s -rs -p no:cacheprovider tests/e2e/test_replicas.py
+
 # RSS vs memory limit vs budget over a memory resize trace, one run (reports/bench-memory.png).
 bench-memory: venv container-deps
 	$(PY) -m benchmarks.memory
