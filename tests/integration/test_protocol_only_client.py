@@ -30,6 +30,7 @@ LIMITS = (
     "--max-streams-per-session=4",
     "--max-batch-frames=4",
     "--max-telemetry-bytes=4096",
+    "--max-telemetry-entries=8",
     "--hello-timeout-seconds=0.5",
     "--chunk-max-age-seconds=1",
     "--chunk-stall-seconds=1",
@@ -137,6 +138,7 @@ async def publish_and_resume(b: BridgeProcess, sink: Sink, transport: Transport)
         assert not welcome.resumed and welcome.session_id
         assert welcome.limits.max_frame_bytes == MAX_FRAME and welcome.limits.max_points == 1000
         assert welcome.limits.max_streams_per_session == 4
+        assert (welcome.limits.max_batch_frames, welcome.limits.max_telemetry_bytes) == (4, 4096)
         assert {s.stream_id: (s.accepted_seq, s.delivered_seq) for s in welcome.streams} == {
             "lidar": (0, 0),
             "imu": (0, 0),
@@ -222,6 +224,11 @@ async def test_subscribe_refusals(tmp_path: Path) -> None:
         # A from_bridge_seq beyond the newest has nothing to replay: live from now (§11).
         first = Viewer(target, VIEWER_TOKEN, from_bridge_seq=10**9)
         assert await first.subscribed()
+        edge = Edge("live", [lidar()], EDGE_TOKEN)
+        await edge.connect(pc.ws_opener(b.ws_url))
+        await edge.publish("lidar", points(3))
+        assert await edge.wait(lambda: [f.seq for f in first.frames] == [1])
+        await edge.disconnect()
         end = await subscribe_end(target, VIEWER_TOKEN)
         assert end.grpc_code == Status.RESOURCE_EXHAUSTED and "too many subscribers" in end.details
         await first.close()
@@ -283,6 +290,8 @@ async def test_refusals_that_keep_the_connection(tmp_path: Path, transport: Tran
         assert await edge.wait(lambda: edge.streams["lidar"].accepted >= 4)
         await expect("seq_repeat", frame_msg("lidar", 4, points(3)))
         await expect("telemetry", frame("imu", pb.Telemetry(blob=b"t" * 5000)))  # imu 1
+        entries = {f"v{i}": float(i) for i in range(9)}
+        await expect("telemetry_entries", frame("imu", pb.Telemetry(values=entries)))  # imu 2
         whole = edge.frame("lidar", points(50)).SerializeToString()  # 5
         await expect("chunk_too_large", chunk("lidar", 5, MAX_FRAME + 1, 0, whole[:10]))
         whole = edge.frame("lidar", points(50)).SerializeToString()  # 6
@@ -297,12 +306,17 @@ async def test_refusals_that_keep_the_connection(tmp_path: Path, transport: Tran
         # One message of exactly max_frame_bytes passes the size check (and is accepted).
         exact = padded(edge.frame("lidar", points(3)), MAX_FRAME)  # 9
         await edge.send(exact)
-        await edge.publish("lidar", points(3))  # 10: the connection is still there
-        assert await edge.wait(lambda: edge.streams["lidar"].accepted >= 10), edge.errors
+        # §3.2: a chunked frame abandoned for its age is sent again (whole, here): no gap.
+        whole = edge.frame("lidar", points(50)).SerializeToString()  # 10
+        await expect("chunk_age", chunk("lidar", 10, len(whole), 0, whole[:100]))
+        assert 10 in edge.streams["lidar"].unacked, "an abandoned frame is kept for a resend"
+        await edge.send(pb.EdgeMessage(frame=edge.streams["lidar"].unacked[10]))
+        await edge.publish("lidar", points(3))  # 11: the connection is still there
+        assert await edge.wait(lambda: edge.streams["lidar"].accepted >= 11), edge.errors
         assert edge.end is None
         await edge.disconnect()
         # §8: a refused seq is given up: the next accepted frame announces it as a gap.
-        assert await edge.wait(lambda: len(viewer.frames) >= 4)
+        assert await edge.wait(lambda: len(viewer.frames) >= 5)
         await viewer.close()
     gaps = [
         (
@@ -313,7 +327,13 @@ async def test_refusals_that_keep_the_connection(tmp_path: Path, transport: Tran
         )
         for f in viewer.frames
     ]
-    assert gaps == [(4, (1, 3, 3, "upstream")), (8, (5, 7, 3, "upstream")), (9, None), (10, None)]
+    assert gaps == [
+        (4, (1, 3, 3, "upstream")),
+        (8, (5, 7, 3, "upstream")),
+        (9, None),
+        (10, None),
+        (11, None),
+    ]
     C = pb  # the §8 codes
     assert got == {
         "unknown_stream": (C.UNKNOWN_STREAM, "nope", 1),
@@ -323,6 +343,8 @@ async def test_refusals_that_keep_the_connection(tmp_path: Path, transport: Tran
         "seq_zero": (C.SEQ_REGRESSION, "lidar", 0),
         "seq_repeat": (C.SEQ_REGRESSION, "lidar", 4),
         "telemetry": (C.TOO_LARGE, "imu", 1),
+        "telemetry_entries": (C.TOO_LARGE, "imu", 2),
+        "chunk_age": (C.CHUNK_ABANDONED, "lidar", 10),
         "chunk_too_large": (C.TOO_LARGE, "lidar", 5),
         "chunk_sequence": (C.CHUNK_SEQUENCE, "lidar", 6),
         "chunk_abandoned": (C.CHUNK_ABANDONED, "lidar", 7),
@@ -388,14 +410,14 @@ async def test_refusals_that_end_the_connection(tmp_path: Path, transport: Trans
             record(name, error, end)
         other = Edge("robot-1", [lidar()], DEVICE_TOKENS["robot-2"], token_in_hello=True)
         record("other_device_token", *await refused_hello(connect, other))
-        wrong_header = await connect("wrong")
+        wrong_header = await connect("wrong", "robot-8")
         await wrong_header.send(Edge("robot-8", [lidar()], EDGE_TOKEN, token_in_hello=True).hello())
         welcome = await wrong_header.recv()
         assert welcome is not None and welcome.HasField("welcome"), welcome
         await wrong_header.close()
 
         # Session rules (§2, §6).
-        early = await connect(EDGE_TOKEN)
+        early = await connect(EDGE_TOKEN, "")
         await early.send(frame_msg("lidar", 1, points(3)))
         messages, end = await early.until_end()
         record("frame_before_hello", messages[-1].error if messages else None, end)
@@ -406,7 +428,12 @@ async def test_refusals_that_end_the_connection(tmp_path: Path, transport: Trans
         thief = Edge("thief", [lidar()], EDGE_TOKEN)
         thief.session_id = owner.session_id
         record("foreign_resume_token", *await refused_hello(connect, thief))
-        silent = await connect(EDGE_TOKEN)
+        routed = await connect(EDGE_TOKEN, "robot-7")  # §1: the routing key names robot-7
+        await routed.send(Edge("robot-6", [lidar()], EDGE_TOKEN).hello())
+        messages, end = await routed.until_end()
+        record("routing_key", messages[-1].error if messages else None, end)
+        assert messages and "differs from the routing key" in messages[-1].error.message
+        silent = await connect(EDGE_TOKEN, "")
         messages, end = await silent.until_end()
         record("no_hello", messages[-1].error if messages else None, end)
         assert messages and "no Hello within" in messages[-1].error.message
@@ -482,6 +509,7 @@ async def test_refusals_that_end_the_connection(tmp_path: Path, transport: Trans
         "second_hello": (E.PROTOCOL_VIOLATION, VIOLATION),
         "empty_device": (E.PROTOCOL_VIOLATION, VIOLATION),
         "foreign_resume_token": (E.PROTOCOL_VIOLATION, VIOLATION),
+        "routing_key": (E.PROTOCOL_VIOLATION, VIOLATION),
         "no_hello": (E.PROTOCOL_VIOLATION, HELLO_LATE),
         "session_taken": (E.UNAUTHENTICATED, UNAUTHENTICATED),
         "superseded": (None, SUPERSEDED),
@@ -538,7 +566,7 @@ async def test_session_and_pending_connection_caps(tmp_path: Path, transport: Tr
         assert first.end is None
         await first.disconnect()
 
-        waiting = [await connect(EDGE_TOKEN) for _ in range(2)]  # no Hello yet
+        waiting = [await connect(EDGE_TOKEN, "") for _ in range(2)]  # no Hello yet
         await asyncio.sleep(0.3)  # let the bridge accept them
         error, end = await refused_hello(connect, Edge("third", [lidar()], EDGE_TOKEN))
         assert error is not None and error.code == pb.TOO_MANY_SESSIONS and error.fatal, error

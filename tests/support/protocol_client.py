@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -99,8 +100,12 @@ class WsConnection(Connection):
         self._start()
 
     @classmethod
-    async def open(cls, url: str, token: str = "") -> WsConnection:
+    async def open(cls, url: str, token: str = "", device: str = "") -> WsConnection:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if device:  # §1 routing key: the query parameter and the upgrade header
+            query = urllib.parse.urlencode({"device": device})
+            url = f"{url}{'&' if '?' in url else '?'}{query}"
+            headers["x-simbridge-device"] = device
         # §1: the bridge negotiates no compression; a client SHOULD NOT offer it.
         ws = await connect(url, additional_headers=headers, compression=None, max_size=None)
         return cls(ws)
@@ -132,7 +137,7 @@ def _serialize(message: pb.EdgeMessage | bytes) -> bytes:
 class GrpcConnection(Connection):
     """§1: the bidirectional stream ``bridge.v1.Ingest/Connect``."""
 
-    def __init__(self, target: str, token: str = "") -> None:
+    def __init__(self, target: str, token: str = "", device: str = "") -> None:
         super().__init__()
         self.channel = grpc.aio.insecure_channel(
             target,
@@ -146,13 +151,15 @@ class GrpcConnection(Connection):
             request_serializer=_serialize,
             response_deserializer=pb.BridgeMessage.FromString,
         )
-        metadata = (("authorization", f"Bearer {token}"),) if token else None
-        self.call = connect_method(metadata=metadata)
+        metadata = [("authorization", f"Bearer {token}")] if token else []
+        if device:  # §1 routing key
+            metadata.append(("x-simbridge-device", device))
+        self.call = connect_method(metadata=tuple(metadata) or None)
         self._start()
 
     @classmethod
-    async def open(cls, target: str, token: str = "") -> GrpcConnection:
-        return cls(target, token)
+    async def open(cls, target: str, token: str = "", device: str = "") -> GrpcConnection:
+        return cls(target, token, device)
 
     async def send(self, message: Outgoing) -> None:
         assert not isinstance(message, str), "gRPC has no text messages"
@@ -181,7 +188,8 @@ class GrpcConnection(Connection):
         await self.channel.close()
 
 
-Opener = Callable[[str], Awaitable[Connection]]  # token for the transport (may be empty)
+# (the transport's bearer token, the routing key): either may be empty
+Opener = Callable[[str, str], Awaitable[Connection]]
 
 
 class Refused(Exception):
@@ -240,7 +248,7 @@ class Edge:
         )
 
     async def connect(self, opener: Opener) -> pb.Welcome:
-        conn = await opener("" if self.token_in_hello else self.token)
+        conn = await opener("" if self.token_in_hello else self.token, self.device_id)
         await conn.send(self.hello())  # §2.1: the first message, within the Hello deadline
         first = await conn.recv()
         if first is None or first.WhichOneof("kind") != "welcome":
@@ -286,7 +294,8 @@ class Edge:
             elif kind == "error":
                 self.errors.append(message.error)
                 refused = self.streams.get(message.error.stream_id)
-                if refused is not None and not message.error.fatal:  # §8: never resend it
+                # §8: a refused frame is never resent; §3.2: an abandoned chunked one is
+                if refused is not None and message.error.code != pb.CHUNK_ABANDONED:
                     refused.unacked.pop(message.error.seq, None)
         self.end = conn.end
 
@@ -332,15 +341,15 @@ class Edge:
 
 
 def ws_opener(url: str) -> Opener:
-    async def opener(token: str) -> Connection:
-        return await WsConnection.open(url, token)
+    async def opener(token: str, device: str) -> Connection:
+        return await WsConnection.open(url, token, device)
 
     return opener
 
 
 def grpc_opener(target: str) -> Opener:
-    async def opener(token: str) -> Connection:
-        return await GrpcConnection.open(target, token)
+    async def opener(token: str, device: str) -> Connection:
+        return await GrpcConnection.open(target, token, device)
 
     return opener
 
