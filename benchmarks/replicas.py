@@ -9,7 +9,8 @@ SDK's ``x-simbridge-device`` header, WebSocket over HTTP/1.1 and gRPC over h2. D
 The timeline: warm up; scale in (r2 leaves HAProxy's rotation and gets SIGTERM: its devices are
 drained to the others); scale out (a new replica takes slot r2 through the runtime API); SIGKILL
 r3 (its devices reconnect elsewhere, resending what the sink had not acknowledged); a new r3;
-stop publishing and wait until every frame is delivered.
+r1 out of rotation with its connections cut, then back (its devices return to the stale
+sessions it kept); stop publishing and wait until every frame is delivered.
 
 What is measured: per device, every outage (connected -> connected again: "accepting again");
 at the sink, unique frames against published ones (lost), frames received more than once (raw
@@ -196,6 +197,19 @@ async def run(cfg: Config, workdir: Path, say: Any = print) -> dict[str, Any]:
         replicas["r3"] = await Replica.start("r3", sink.address, extra)
         await proxy.point("r3", replicas["r3"].ports)
         event("new r3 ready in HAProxy")
+        await asyncio.sleep(cfg.warm_seconds)
+
+        # r1 leaves without stopping and comes back: its devices return to a replica that
+        # still holds their detached sessions, with the other replicas' resume tokens.
+        event("r1 out of rotation, its connections cut (sessions kept)")
+        await proxy.set_state("r1", "maint")
+        await proxy.cut("r1")
+        await asyncio.sleep(cfg.phase_seconds / 2)
+        event("r1 back; r2 and r3 connections cut (devices rehash)")
+        await proxy.set_state("r1", "ready")
+        await asyncio.sleep(0.5)  # ready takes effect before the edges reconnect
+        await proxy.cut("r2")
+        await proxy.cut("r3")
         await asyncio.sleep(cfg.warm_seconds)
 
         stop.set()

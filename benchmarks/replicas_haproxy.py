@@ -125,6 +125,12 @@ class HAProxy:
             if answer.strip():
                 raise RuntimeError(f"haproxy: {answer.strip()}")
 
+    async def cut(self, slot: str) -> None:
+        """Close every connection HAProxy holds to ``slot`` (both backends): its devices
+        reconnect through the balancer, the replica keeps their (detached) sessions."""
+        for backend in BACKENDS:
+            await self.command(f"shutdown sessions server {backend}/{slot}")
+
     async def point(self, slot: str, ports: dict[str, int], host: str = "127.0.0.1") -> None:
         """Re-point ``slot`` at a new replica (its health check too), then put it in rotation."""
         for backend, key in zip(BACKENDS, ("ws", "grpc"), strict=True):
