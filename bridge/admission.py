@@ -161,6 +161,11 @@ class Admission:
         finally:
             if not state["taken"]:
                 charge.release()
+            # The frame's bytes now live exactly as long as their charge (the ring's, or
+            # none): this task may wait a long time for the low watermark below, and an edge
+            # that ignores PAUSE keeps a frame parked per stream, so holding them here kept
+            # frames the sink had acknowledged resident and uncharged (issue 29).
+            del frame, points, charge
             if self._parked.get(stream_id) is done:
                 del self._parked[stream_id]
             if not done.done():
