@@ -5,9 +5,20 @@ the bridge was told is delivered must be on disk. Each batch is written as one c
 and fsynced (:meth:`McapRecorder.write`); only then does the servicer acknowledge it.
 
 Files: ``simbridge-<UTC time>-<n>.mcap`` in the directory, a new one when the current one passes
-``max_bytes`` or ``max_seconds``. A finished file ends with a ``simbridge.watermarks`` metadata
-record (what the view held when it closed). On start, :meth:`McapRecorder.recover` reads those
-back; a file left unfinished by a crash is repaired (its complete records rewritten into a
+``max_bytes`` or ``max_seconds`` (checked on every write and by :meth:`McapRecorder.roll_if_due`,
+which the view calls every second, so a file whose streams went quiet is still finished on time).
+
+Live reading: after every batch the file being written ends with a provisional tail, a ``DataEnd``
+and a ``Footer`` with ``summary_start = 0`` (the MCAP spec's "no summary section") and the magic,
+which the next batch overwrites. So between batches the live file is a complete, if unindexed,
+MCAP: ``mcap.reader.make_reader`` (the seeking reader) finds the footer, sees no summary and reads
+the messages linearly, and so does any reader that accepts unindexed files. Every finished file
+(rotated, or closed when the view stops) has the full summary and indexes. A reader that opens
+the live file in the instant a batch is being written may find a torn end: open it again.
+
+A finished file ends with a ``simbridge.watermarks`` metadata record (what the view held when it
+closed). On start, :meth:`McapRecorder.recover` reads those back; a file left unfinished by a crash
+(no footer, or only the provisional one) is repaired (its complete records rewritten into a
 finished file) and its ``/simbridge/frames`` records scanned, so a restarted view tells the
 bridge exactly what it holds and nothing is recorded twice.
 """
@@ -24,8 +35,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from mcap.data_stream import RecordBuilder
 from mcap.reader import make_reader
-from mcap.records import Channel, Message, Schema
+from mcap.records import Channel, DataEnd, Footer, Message, Schema
 from mcap.stream_reader import StreamReader
 from mcap.writer import CompressionType, Writer
 
@@ -43,6 +55,18 @@ COMPRESSIONS = {
 }
 
 Watermarks = list[tuple[str, str, int]]
+
+
+def _live_tail() -> bytes:
+    """DataEnd (no CRC) + Footer without a summary + magic: ends a live file between batches."""
+    b = RecordBuilder()
+    DataEnd(0).write(b)
+    Footer(0, 0, 0).write(b)
+    return bytes(b.end()) + _MAGIC  # type: ignore[no-untyped-call]
+
+
+_TAIL = _live_tail()
+_FOOTER_SIZE = 1 + 8 + 8 + 8 + 4  # opcode, length, summary_start, summary_offset_start, crc
 
 
 def _fsync_dir(path: Path) -> None:
@@ -90,9 +114,20 @@ class _File:
             )
         return cid
 
+    def end_batch(self, fsync: bool) -> None:
+        """Write the batch, then the provisional tail (readable as is), and stand before it."""
+        self.writer.flush()  # type: ignore[no-untyped-call]
+        end = self.stream.tell()
+        self.stream.write(_TAIL)
+        self.stream.flush()
+        if fsync:
+            os.fsync(self.stream.fileno())
+        self.stream.seek(end)
+
     def finish(self, marks: Watermarks, fsync: bool) -> None:
         self.writer.add_metadata(WATERMARKS, _encode_marks(marks))
         self.writer.finish()  # type: ignore[no-untyped-call]
+        self.stream.truncate()  # in case the summary is shorter than a provisional tail
         self.stream.flush()
         if fsync:
             os.fsync(self.stream.fileno())
@@ -213,21 +248,25 @@ class McapRecorder:
         watermarks held so far, recorded when a file is finished by rotation."""
         if not messages:
             return
+        self.roll_if_due(marks)
         f = self._file
-        if f is not None and (
-            f.stream.tell() >= self.max_bytes or time.monotonic() - f.opened >= self.max_seconds
-        ):
-            self._finish(marks())
-            f = None
         if f is None:
             f = self._open()
         for msg in messages:
             f.writer.add_message(f.channel(msg), msg.log_time, msg.data, msg.publish_time)
-        f.writer.flush()  # type: ignore[no-untyped-call]
-        if self.fsync:
-            os.fsync(f.stream.fileno())
+        f.end_batch(self.fsync)
         f.messages += len(messages)
         self.messages_written += len(messages)
+
+    def roll_if_due(self, marks: Callable[[], Watermarks]) -> bool:
+        """Finish the current file if it passed ``max_bytes`` or ``max_seconds``."""
+        f = self._file
+        if f is None or (
+            f.stream.tell() < self.max_bytes and time.monotonic() - f.opened < self.max_seconds
+        ):
+            return False
+        self._finish(marks())
+        return True
 
     def _open(self) -> _File:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -264,12 +303,17 @@ class McapRecorder:
 
 
 def _finished(path: Path) -> bool:
+    """Ends with a footer that points at a summary (a live file's provisional tail does not)."""
     size = path.stat().st_size
-    if size < 2 * len(_MAGIC):
+    if size < 2 * len(_MAGIC) + _FOOTER_SIZE:
         return False
     with open(path, "rb") as f:
-        f.seek(size - len(_MAGIC))
-        return f.read() == _MAGIC
+        f.seek(size - len(_MAGIC) - _FOOTER_SIZE)
+        footer = f.read()
+    if footer[-len(_MAGIC) :] != _MAGIC or footer[0] != 0x02:
+        return False
+    summary_start = int.from_bytes(footer[9:17], "little")
+    return summary_start != 0
 
 
 def _frame_mark(data: bytes) -> tuple[str, str, int]:

@@ -5,6 +5,7 @@ in order (record recovered before the first Push stream; Push stopped before the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -68,6 +69,8 @@ class ViewService:
         self.web: Any = None
         self.sink: PushSink | None = None
         self._server: Any = None
+        self._roller: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
         self._started = time.monotonic()
 
     async def start(self) -> Ports:
@@ -124,13 +127,31 @@ class ViewService:
             self.sink, s.listen, max_message_bytes=s.max_message_bytes, credentials=creds
         )
         await self._server.start()
+        if self.recorder is not None:
+            self._roller = asyncio.create_task(self._roll(), name="view-mcap-roll")
         return self.ports
+
+    async def _roll(self) -> None:
+        """Rotate the MCAP file on age even when no frame comes (a quiet file gets finished)."""
+        assert self.sink is not None
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 1.0)
+                return
+            try:
+                await self.sink.roll_if_due()
+            except Exception:  # a full disk, say: the next write reports it to the bridge
+                log.exception("finishing the MCAP file failed")
 
     async def stop(self, grace: float = 2.0) -> None:
         """Stop taking frames, then close the record (finished file + watermarks), then viewers."""
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
+        if self._roller is not None:  # let a roll in progress finish: it writes the file
+            self._stopping.set()
+            await self._roller
+            self._roller = None
         if self.recorder is not None and self.sink is not None:
             await asyncio.to_thread(self.recorder.close, self.sink.ledger.snapshot())
         if self.foxglove is not None:

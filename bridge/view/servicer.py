@@ -43,6 +43,8 @@ class Recorder(Protocol):
         self, messages: list[convert.OutMessage], marks: Callable[[], Watermarks]
     ) -> None: ...
 
+    def roll_if_due(self, marks: Callable[[], Watermarks]) -> bool: ...
+
 
 class PushSink:
     def __init__(
@@ -123,6 +125,13 @@ class PushSink:
             )
         finally:
             self.active_push_streams -= 1
+
+    async def roll_if_due(self) -> bool:
+        """Finish the record's current file if it is due (between batches, like a write)."""
+        if self.recorder is None:
+            return False
+        async with self._lock:
+            return await asyncio.to_thread(self.recorder.roll_if_due, self.ledger.snapshot)
 
     async def _record(self, batch: list[tuple[pb.ProcessedFrame, int]]) -> int:
         """Make the batch durable and return its highest bridge_seq; then fan the new frames out."""
