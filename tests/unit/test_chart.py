@@ -55,6 +55,7 @@ CRD_KINDS = {
     "GRPCRoute",
     "PrometheusRule",
     "VerticalPodAutoscaler",
+    "BackendTrafficPolicy",
 }
 CRD_SCHEMAS = REPO / "tests" / "fixtures" / "crds"
 WORKLOAD_KINDS = {"StatefulSet", "Deployment"}
@@ -296,6 +297,8 @@ def test_ci_scenarios_are_present() -> None:
         "pod-level-resources",
         "monitoring",
         "multi-replica",
+        "replicas-gateway",
+        "autoscaling",
     ):
         assert f"{scenario}-values.yaml" in CI_FILES
 
@@ -594,6 +597,21 @@ def _bridge_role(docs: list[Obj]) -> Obj:
     return one(docs, "Role", FULLNAME)
 
 
+def most_replicas(docs: list[Obj]) -> int:
+    """Most pods the workload can have: spec.replicas, or the maxReplicas of an HPA owning it."""
+    w = workload(docs)
+    hpas = [
+        h
+        for h in by_kind(docs, "HorizontalPodAutoscaler")
+        if h["spec"]["scaleTargetRef"]["name"] == w["metadata"]["name"]
+    ]
+    if hpas:
+        [hpa] = hpas
+        assert "replicas" not in w["spec"], "with an HPA the chart must leave spec.replicas alone"
+        return int(hpa["spec"]["maxReplicas"])
+    return int(w["spec"]["replicas"])
+
+
 @pytest.mark.parametrize("values_file", CI_FILES)
 def test_bridge_role_grants_exactly_what_the_bridge_uses(
     renderer: Renderer, values_file: str
@@ -602,7 +620,7 @@ def test_bridge_role_grants_exactly_what_the_bridge_uses(
     values = helm.Chart.load(str(CHART)).merge_values(_load_values(values_file))
     w = workload(docs)
     if w["kind"] == "StatefulSet":
-        own: tuple[str, ...] = tuple(f"{FULLNAME}-{i}" for i in range(w["spec"]["replicas"]))
+        own: tuple[str, ...] = tuple(f"{FULLNAME}-{i}" for i in range(most_replicas(docs)))
     else:
         own = ()
     expected = {
@@ -654,7 +672,7 @@ def test_resizer_role_is_pods_resize_patch_only(renderer: Renderer, values_file:
     w = workload(docs)
     if w["kind"] == "StatefulSet":
         [(_, _, _, names)] = rules
-        assert names == tuple(f"{FULLNAME}-{i}" for i in range(w["spec"]["replicas"]))
+        assert names == tuple(f"{FULLNAME}-{i}" for i in range(most_replicas(docs)))
     binding = one(docs, "RoleBinding", f"{FULLNAME}-resizer")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     [subject] = binding["subjects"]
@@ -755,7 +773,7 @@ def test_values_yaml_documented_line_by_line() -> None:
     """
     passthrough = {
         *("requests", "limits", "podSecurityContext", "securityContext", "updateStrategy"),
-        *("minAllowed", "maxAllowed", "labels"),
+        *("minAllowed", "maxAllowed", "labels", "behavior"),
     }
     stack: list[tuple[int, str]] = []
     lines = (CHART / "values.yaml").read_text().splitlines()
@@ -1013,6 +1031,7 @@ def test_vendored_crd_schemas_are_loaded() -> None:
         ("gateway.networking.k8s.io/v1", "HTTPRoute"),
         ("gateway.networking.k8s.io/v1", "GRPCRoute"),
         ("monitoring.coreos.com/v1", "PrometheusRule"),
+        ("gateway.envoyproxy.io/v1alpha1", "BackendTrafficPolicy"),
     }
     # The strict form does catch a misspelt field.
     route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {}}

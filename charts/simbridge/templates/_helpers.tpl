@@ -108,13 +108,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/*
-Pod names RBAC may be restricted to (resourceNames): one per StatefulSet ordinal.
+Pod names RBAC may be restricted to (resourceNames): one per StatefulSet ordinal, up to
+autoscaling.maxReplicas when the HPA owns the replica count.
 Empty output = no restriction (Deployment, or rbac.restrictToOwnPods=false).
 */}}
 {{- define "simbridge.ownPodNames" -}}
 {{- if and .Values.rbac.restrictToOwnPods (include "simbridge.isStatefulSet" .) }}
 {{- $fullname := include "simbridge.fullname" . }}
-{{- range $i := until (int (max 1 .Values.replicas)) }}
+{{- $replicas := int .Values.replicas }}
+{{- if .Values.autoscaling.enabled }}
+{{- $replicas = max $replicas (int .Values.autoscaling.maxReplicas) }}
+{{- end }}
+{{- range $i := until (int (max 1 $replicas)) }}
 - {{ printf "%s-%d" $fullname $i | quote }}
 {{- end }}
 {{- end }}
@@ -235,4 +240,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- toYaml .Values.gatewayAPI.parentRefs }}
 {{- end }}
+{{- end }}
+
+{{/*
+The routing key: the header (WebSocket upgrade) and gRPC metadata key carrying the device id, which
+load balancers hash so that each device reaches one replica. The SDK sends it; the bridge refuses a
+Hello whose device id differs from it.
+*/}}
+{{- define "simbridge.deviceHeader" -}}
+x-simbridge-device
 {{- end }}
