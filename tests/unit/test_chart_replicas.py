@@ -344,3 +344,13 @@ def test_inconsistent_values_fail_rendering(
     with pytest.raises(helm.HelmError) as err:
         renderer.render_values(values)
     assert message in str(err.value), f"{case}: {err.value}"
+
+
+def test_dashboard_shows_the_hpa_signal() -> None:
+    dashboard = yaml.safe_load(
+        (REPO / "charts" / "simbridge" / "dashboards" / "simbridge.json").read_text()
+    )
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    busy = [e for e in exprs if "bridge_event_loop_busy_seconds_total" in e]
+    assert busy and all(e.startswith("sum by (pod) (rate(") for e in busy), busy
+    assert any("bridge_event_loop_lag_seconds_bucket" in e for e in exprs)
