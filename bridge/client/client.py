@@ -34,7 +34,13 @@ from bridge.client.core import (
 )
 from bridge.client.lanes import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_HOLD_SECONDS, LaneScheduler
 from bridge.client.payload import Payload, PreparedPayload
-from bridge.client.refusal import BridgeRefused, is_terminal, refusal, refused_upgrade
+from bridge.client.refusal import (
+    SESSION_TAKEN_MARK,
+    BridgeRefused,
+    is_terminal,
+    refusal,
+    refused_upgrade,
+)
 from bridge.client.sender import Sender
 from bridge.client.transport import Connection, Endpoint, TlsConfig, Transport, open_connection
 from bridge.v1 import bridge_pb2 as pb
@@ -45,6 +51,10 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 #: Reconnect backoff (seconds): exponential from BACKOFF_BASE, capped, with jitter.
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 5.0
+#: While a bridge refuses the Hello because an older connection of this device looks alive
+#: (half-open, until its keepalive gives up), retry at least this often: a refused Hello is
+#: cheap, and exponential backoff would add seconds after the old connection is gone.
+SESSION_TAKEN_RETRY = 0.5
 #: After a fatal Error, how long to read on for the end of the connection (the gRPC status and
 #: its details, the WebSocket close reason) before giving up on it.
 FATAL_END_SECONDS = 1.0
@@ -180,6 +190,7 @@ class EdgeClient:
         self.refused: BridgeRefused | None = None
         self._fatal: pb.Error | None = None  # a terminal Error on the current connection
         self._fatal_seen = False  # any fatal Error on it (then its gRPC status says no more)
+        self._taken = False  # its Hello was refused: the device's older connection looks alive
 
     # -- state --------------------------------------------------------------------------------
 
@@ -350,7 +361,7 @@ class EdgeClient:
             welcomed_before = self._welcomes
             drain_delay: float | None = None
             refused: BridgeRefused | None = None
-            self._fatal, self._fatal_seen = None, False
+            self._fatal, self._fatal_seen, self._taken = None, False, False
             try:
                 self._conn = await self._open()
                 drain_delay = await self._session(self._conn)
@@ -389,6 +400,8 @@ class EdgeClient:
                 self._notify()
                 break
             delay = drain_delay if drain_delay is not None else self._backoff(attempt)
+            if self._taken:
+                delay = min(delay, SESSION_TAKEN_RETRY)
             self._notify()
 
     async def _session(self, conn: Connection) -> float | None:
@@ -407,6 +420,7 @@ class EdgeClient:
             if kind == "error":
                 self.core.on_error(first.error)
                 self._fatal_seen = first.error.fatal
+                self._taken = SESSION_TAKEN_MARK in first.error.message
                 if is_terminal(first.error, welcomed=False):
                     self._fatal = first.error
                 if first.error.fatal:

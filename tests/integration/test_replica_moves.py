@@ -9,6 +9,7 @@ while the edge resent from its real ``delivered_seq + 1``, so the first frame an
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -81,3 +82,32 @@ async def test_back_on_a_replica_with_a_stale_session_no_false_gap(transport: st
         assert st.duplicates == 0  # nothing was resent: all was delivered before each move
         assert r.gaps == [], f"false gaps announced: {r.gaps}"
         assert st.gap_markers == 0
+
+
+async def test_a_half_open_connection_on_the_old_replica_refuses_the_device_until_pings_fail() -> (
+    None
+):
+    """Issue 32, what breaks 4: A's connection went half-open (no FIN, no RST) and the device
+    went to B. Back on A, its Hello carries B's token: A cannot tell it from a stranger with the
+    same device id while the old connection looks alive, so it refuses (SessionTaken) until its
+    keepalive gives up on the old one (ping interval + ping timeout + the WebSocket close
+    timeout, 2 s); then the device resumes there without loss or gap. Measured here with
+    1 s + 1 s pings (the default is 20 s + 20 s: about 42 s). The SDK retries a refused Hello
+    of this kind at least every 0.5 s, so it is back within one retry of the old connection's
+    end."""
+    pings = ("--ping-interval-seconds=1", "--ping-timeout-seconds=1")
+    async with two_replicas(*pings) as r, SwitchProxy(r.a.ws) as proxy:
+        edge = EdgeClient(url_of(proxy, "ws"), device_id="robot", streams=[StreamSpec("s")])
+        async with edge:
+            await publish(edge, 10)  # on A
+            proxy.half_open(r.b.ws)  # A keeps a connection that looks alive
+            await publish(edge, 10)  # on B
+            proxy.switch(r.a.ws)
+            began = asyncio.get_running_loop().time()
+            await publish(edge, 10)  # refused by A until its pings fail, then on A
+            took = asyncio.get_running_loop().time() - began
+        assert edge.stats.errors["UNAUTHENTICATED"] >= 1, edge.stats.errors  # session_taken
+        assert took < 1 + 1 + 2 + 0.5 + 0.5, f"{took:.2f} s to be accepted again"
+        st = r.sink.record.streams[("robot", "s")]
+        assert (st.delivered, st.lost, st.duplicates) == (30, 0, 0)
+        assert r.gaps == []
