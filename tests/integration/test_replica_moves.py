@@ -10,6 +10,7 @@ while the edge resent from its real ``delivered_seq + 1``, so the first frame an
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -31,8 +32,18 @@ class Replicas:
         self.gaps: list[pb.Gap] = []
 
 
+class SlowSink(SinkServer):
+    """Makes every batch durable ``delay`` seconds late: acks trail the frames."""
+
+    delay = 0.0
+
+    async def _record_batch(self, batch: list[tuple[pb.ProcessedFrame, int]]) -> int:
+        await asyncio.sleep(self.delay)
+        return await super()._record_batch(batch)
+
+
 @asynccontextmanager
-async def two_replicas(*args: str) -> AsyncIterator[Replicas]:
+async def two_replicas(*args: str, sink_delay: float = 0.0) -> AsyncIterator[Replicas]:
     gaps: list[pb.Gap] = []
 
     def on_frame(frame: pb.ProcessedFrame) -> None:
@@ -40,7 +51,9 @@ async def two_replicas(*args: str) -> AsyncIterator[Replicas]:
             gaps.append(frame.gap)
 
     async with AsyncExitStack() as stack:
-        sink = await stack.enter_async_context(SinkServer(fsync=False, on_frame=on_frame))
+        sink = SlowSink(fsync=False, on_frame=on_frame)
+        sink.delay = sink_delay
+        await stack.enter_async_context(sink)
         flags = (f"--sink-address={sink.address}", *args)
         a = await stack.enter_async_context(serve_process(*flags))
         b = await stack.enter_async_context(serve_process(*flags))
@@ -110,4 +123,27 @@ async def test_a_half_open_connection_on_the_old_replica_refuses_the_device_unti
         assert took < 1 + 1 + 2 + 0.5 + 0.5, f"{took:.2f} s to be accepted again"
         st = r.sink.record.streams[("robot", "s")]
         assert (st.delivered, st.lost, st.duplicates) == (30, 0, 0)
+        assert r.gaps == []
+
+
+async def test_a_drained_device_moves_without_resending_what_was_delivered() -> None:
+    """SIGTERM on A: the Drain comes while frames are still on their way to a slow sink. The
+    edge reads A's final acks before it moves to B, so it resends nothing A delivered (before:
+    it closed at the Drain and resent those frames to B, which pushed them to the sink again)."""
+    async with two_replicas(sink_delay=0.3) as r, SwitchProxy(r.a.ws) as proxy:
+        edge = EdgeClient(url_of(proxy, "ws"), device_id="robot", streams=[StreamSpec("s")])
+        async with edge:
+            for _ in range(10):
+                await edge.publish("s", CLOUD)
+                await asyncio.sleep(0.02)
+            proxy.backend_port = r.b.ws  # where the device lands next; nothing is cut
+            r.a.signal(signal.SIGTERM)
+            for _ in range(40):
+                await edge.publish("s", CLOUD)
+                await asyncio.sleep(0.02)
+            await edge.drain(timeout=10)
+        assert edge.stats.drains == 1 and edge.stats.reconnects == 1
+        st = r.sink.record.streams[("robot", "s")]
+        assert (st.delivered, st.lost, st.highest) == (50, 0, 50)
+        assert (edge.stats.resent, st.duplicates) == (0, 0)
         assert r.gaps == []
