@@ -5,17 +5,29 @@
 
 const canvas = document.getElementById("gl");
 const gl = canvas.getContext("webgl", { antialias: false, preserveDrawingBuffer: true });
-const clouds = new Map(); // topic -> {header, buf, count, positions, intensity, rgba, visible}
+const clouds = new Map(); // topic -> {header, positions, intensity, rgba, lo, hi, at, count}
 const hidden = new Set();
-const state = { yaw: -0.6, pitch: 0.5, dist: 20, target: [0, 0, 0], fitted: false };
+// Auto-fit: the camera frames every live cloud, re-fitting when one appears or grows out of
+// view, until the user moves it (drag, pan, zoom); "fit view" frames again and resumes.
+const state = { yaw: -0.6, pitch: 0.5, dist: 20, target: [0, 0, 0], auto: true, box: null };
+const FOVY = 0.9;
+// A stream with no new cloud fades after FADE_AFTER_S and is no longer drawn after
+// STALE_AFTER_S (the panel shows 0 Hz by then; its row stays, greyed). ?stale_s=N overrides.
+const params = new URLSearchParams(location.search);
+const STALE_AFTER_S = Number(params.get("stale_s")) || 5;
+const FADE_AFTER_S = 0.4 * STALE_AFTER_S;
+// Below this size the status panel starts collapsed to one line (the toggle opens it).
+const SMALL = { width: 1000, height: 700 };
 // Exposed for tests and curious users: what has been drawn so far.
-window.simbridgeView = { frames: 0, pointsDrawn: 0, topics: [] };
+window.simbridgeView = { frames: 0, pointsDrawn: 0, topics: [], drawnTopics: [], staleTopics: [],
+  staleAfterS: STALE_AFTER_S, camera: state };
 
 // ---- shaders --------------------------------------------------------------------------------
 const VS = `attribute vec3 pos; attribute vec3 col; uniform mat4 mvp; uniform float size;
 varying vec3 vcol; void main() { gl_Position = mvp * vec4(pos, 1.0); gl_PointSize = size;
 vcol = col; }`;
-const FS = `precision mediump float; varying vec3 vcol; void main() { gl_FragColor = vec4(vcol, 1.0); }`;
+const FS = `precision mediump float; varying vec3 vcol; uniform float fade; uniform vec3 bg;
+void main() { gl_FragColor = vec4(mix(bg, vcol, fade), 1.0); }`;
 
 function shader(type, src) {
   const s = gl.createShader(type);
@@ -31,7 +43,9 @@ gl.linkProgram(prog);
 const loc = {
   pos: gl.getAttribLocation(prog, "pos"), col: gl.getAttribLocation(prog, "col"),
   mvp: gl.getUniformLocation(prog, "mvp"), size: gl.getUniformLocation(prog, "size"),
+  fade: gl.getUniformLocation(prog, "fade"), bg: gl.getUniformLocation(prog, "bg"),
 };
+const BG = [0.063, 0.078, 0.094];
 
 // ---- small matrix helpers (column-major, like WebGL) ----------------------------------------
 function perspective(fovy, aspect, near, far) {
@@ -106,6 +120,17 @@ function decode(buf) {
   return { header, positions, intensity, rgba };
 }
 
+function bounds(c) {
+  const lo = [Infinity, Infinity, Infinity], hi = [-Infinity, -Infinity, -Infinity], p = c.positions;
+  for (let i = 0; i < p.length; i += 3) for (let k = 0; k < 3; k++) {
+    const v = p[i + k];
+    if (!isFinite(v)) continue;
+    if (v < lo[k]) lo[k] = v;
+    if (v > hi[k]) hi[k] = v;
+  }
+  c.lo = lo; c.hi = hi;
+}
+
 function upload(c) {
   if (!c.pbuf) { c.pbuf = gl.createBuffer(); c.cbuf = gl.createBuffer(); }
   gl.bindBuffer(gl.ARRAY_BUFFER, c.pbuf);
@@ -115,21 +140,42 @@ function upload(c) {
   c.count = c.header.n;
 }
 
-function fit() {
-  let lo = [Infinity, Infinity, Infinity], hi = [-Infinity, -Infinity, -Infinity], any = false;
+function ageS(c, now) { return (now - c.at) / 1000; }
+function shown(topic, c, now) { return !hidden.has(topic) && ageS(c, now) < STALE_AFTER_S; }
+
+// The box of every shown cloud; null when there is none.
+function liveBox(now) {
+  const lo = [Infinity, Infinity, Infinity], hi = [-Infinity, -Infinity, -Infinity];
+  let any = false;
   for (const [topic, c] of clouds) {
-    if (hidden.has(topic)) continue;
-    const p = c.positions;
-    for (let i = 0; i < p.length; i += 3) for (let k = 0; k < 3; k++) {
-      const v = p[i + k];
-      if (!isFinite(v)) continue;
-      if (v < lo[k]) lo[k] = v; if (v > hi[k]) hi[k] = v; any = true;
-    }
+    if (!shown(topic, c, now) || !(c.lo[0] <= c.hi[0])) continue;
+    for (let k = 0; k < 3; k++) { lo[k] = Math.min(lo[k], c.lo[k]); hi[k] = Math.max(hi[k], c.hi[k]); }
+    any = true;
   }
-  if (!any) return;
+  return any ? { lo, hi } : null;
+}
+
+// Frame the box: its bounding sphere fits the narrower of the two fields of view, with margin.
+function fit(box) {
+  if (!box) return;
+  const { lo, hi } = box;
+  const aspect = canvas.clientWidth / Math.max(canvas.clientHeight, 1);
+  const fov = Math.min(FOVY, 2 * Math.atan(Math.tan(FOVY / 2) * aspect));
+  const radius = Math.max(0.5 * Math.hypot(hi[0] - lo[0], hi[1] - lo[1], hi[2] - lo[2]), 1e-3);
   state.target = [(lo[0] + hi[0]) / 2, (lo[1] + hi[1]) / 2, (lo[2] + hi[2]) / 2];
-  state.dist = Math.max(1e-3, 1.2 * Math.hypot(hi[0] - lo[0], hi[1] - lo[1], hi[2] - lo[2]));
-  state.fitted = true;
+  state.dist = 1.1 * radius / Math.sin(fov / 2);
+  state.box = { lo: [...lo], hi: [...hi] };
+}
+
+// Auto-fit again when the shown clouds left the fitted box (by more than 10 % of its size).
+function outgrown(box) {
+  if (!box) return false;
+  if (!state.box) return true;
+  const size = Math.hypot(...state.box.hi.map((h, k) => h - state.box.lo[k])) || 1;
+  for (let k = 0; k < 3; k++) {
+    if (box.lo[k] < state.box.lo[k] - 0.1 * size || box.hi[k] > state.box.hi[k] + 0.1 * size) return true;
+  }
+  return false;
 }
 
 function onFrame(buf) {
@@ -137,11 +183,13 @@ function onFrame(buf) {
   if (!f) return;
   const topic = f.header.topic;
   const c = Object.assign(clouds.get(topic) || {}, f);
+  c.at = performance.now();
   clouds.set(topic, c);
+  bounds(c);
   upload(c);
   window.simbridgeView.frames++;
   window.simbridgeView.topics = [...clouds.keys()];
-  if (!state.fitted) fit();
+  if (state.auto) { const box = liveBox(c.at); if (outgrown(box)) fit(box); }
   draw();
 }
 
@@ -150,17 +198,24 @@ function draw() {
   const w = canvas.clientWidth, h = canvas.clientHeight;
   if (canvas.width !== w || canvas.height !== h) { canvas.width = w; canvas.height = h; }
   gl.viewport(0, 0, w, h);
-  gl.clearColor(0.063, 0.078, 0.094, 1);
+  gl.clearColor(BG[0], BG[1], BG[2], 1);
   gl.clear(gl.COLOR_BUFFER_BIT | gl.DEPTH_BUFFER_BIT);
   gl.enable(gl.DEPTH_TEST);
   gl.useProgram(prog);
-  const mvp = mul(perspective(0.9, w / Math.max(h, 1), state.dist / 1000, state.dist * 20),
+  const mvp = mul(perspective(FOVY, w / Math.max(h, 1), state.dist / 1000, state.dist * 20),
     lookAt(eye(), state.target, [0, 0, 1]));
   gl.uniformMatrix4fv(loc.mvp, false, new Float32Array(mvp));
   gl.uniform1f(loc.size, Number(document.getElementById("size").value) * (window.devicePixelRatio || 1));
+  gl.uniform3fv(loc.bg, BG);
+  const now = performance.now(), drawnTopics = [], stale = [];
   let drawn = 0;
   for (const [topic, c] of clouds) {
-    if (hidden.has(topic) || !c.count) continue;
+    if (ageS(c, now) >= STALE_AFTER_S) stale.push(topic);
+    if (!shown(topic, c, now) || !c.count) continue;
+    const age = ageS(c, now);
+    const fade = age <= FADE_AFTER_S ? 1 : 1 - 0.8 * (age - FADE_AFTER_S) / (STALE_AFTER_S - FADE_AFTER_S);
+    gl.uniform1f(loc.fade, fade);
+    drawnTopics.push(topic);
     gl.bindBuffer(gl.ARRAY_BUFFER, c.pbuf);
     gl.enableVertexAttribArray(loc.pos);
     gl.vertexAttribPointer(loc.pos, 3, gl.FLOAT, false, 0, 0);
@@ -171,12 +226,17 @@ function draw() {
     drawn += c.count;
   }
   window.simbridgeView.pointsDrawn = drawn;
+  window.simbridgeView.drawnTopics = drawnTopics;
+  window.simbridgeView.staleTopics = stale;
 }
 
 // ---- interaction -----------------------------------------------------------------------------
 let drag = null;
 canvas.addEventListener("contextmenu", (e) => e.preventDefault());
-canvas.addEventListener("mousedown", (e) => { drag = { x: e.clientX, y: e.clientY, pan: e.shiftKey || e.button === 2 }; });
+canvas.addEventListener("mousedown", (e) => {
+  drag = { x: e.clientX, y: e.clientY, pan: e.shiftKey || e.button === 2 };
+  state.auto = false; // the user took the camera
+});
 window.addEventListener("mouseup", () => { drag = null; });
 window.addEventListener("mousemove", (e) => {
   if (!drag) return;
@@ -193,13 +253,19 @@ window.addEventListener("mousemove", (e) => {
 });
 canvas.addEventListener("wheel", (e) => {
   e.preventDefault();
+  state.auto = false;
   state.dist *= Math.exp(e.deltaY * 0.001);
   draw();
 }, { passive: false });
-document.getElementById("fit").onclick = () => { fit(); draw(); };
+document.getElementById("fit").onclick = () => { state.auto = true; fit(liveBox(performance.now())); draw(); };
+const panel = document.getElementById("panel"), toggle = document.getElementById("toggle");
+function collapse(on) { panel.classList.toggle("collapsed", on); toggle.textContent = on ? "▸" : "▾"; }
+toggle.onclick = () => collapse(!panel.classList.contains("collapsed"));
+collapse(innerWidth < SMALL.width || innerHeight < SMALL.height);
+setInterval(() => { if (clouds.size) draw(); }, 250); // fading and hiding need no new frame
 document.getElementById("size").oninput = draw;
 document.getElementById("color").onchange = () => { for (const c of clouds.values()) upload(c); draw(); };
-window.addEventListener("resize", draw);
+window.addEventListener("resize", () => { if (state.auto) fit(liveBox(performance.now())); draw(); });
 
 // ---- live connection and status ------------------------------------------------------------
 function connect() {
@@ -219,8 +285,14 @@ function renderStatus(st) {
     + ` · duplicates ${b.duplicates ?? 0}`;
   const body = document.querySelector("#streams tbody");
   body.textContent = "";
+  const now = performance.now();
+  let live = 0, drops = 0;
   for (const s of st.streams) {
     const tr = document.createElement("tr");
+    const c = clouds.get(s.topic);
+    if (c && ageS(c, now) >= STALE_AFTER_S) tr.className = "stale";
+    else if (s.rate_hz > 0) live++;
+    drops += s.viewer_drops;
     const box = document.createElement("input");
     box.type = "checkbox"; box.checked = !hidden.has(s.topic);
     box.onchange = () => { box.checked ? hidden.delete(s.topic) : hidden.add(s.topic); draw(); };
@@ -239,6 +311,8 @@ function renderStatus(st) {
   if (st.foxglove) parts.push(`Foxglove: ws://${location.hostname}:${st.foxglove.port}`);
   if (st.web) parts.push(`viewers ${st.web.clients}`);
   document.getElementById("footer").textContent = parts.join(" · ");
+  document.getElementById("summary").textContent = `${b.connected ? "bridge connected" : "no bridge"}`
+    + ` · ${live}/${st.streams.length} streams live` + (drops ? ` · ${drops} viewer drops` : "");
 }
 
 async function pollStatus() {
