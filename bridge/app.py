@@ -203,7 +203,9 @@ class BridgeService:
             raise StartupError(
                 f"cannot listen on {settings.host}:{settings.http_port} (HTTP): {exc.strerror}"
             ) from None
-        self._spawn(LoopLagMonitor(self.metrics.loop_lag).run(), "loop-lag")
+        self._spawn(
+            LoopLagMonitor(self.metrics.loop_lag, busy=self.metrics.loop_busy).run(), "loop-lag"
+        )
         self.ports = BoundPorts(ws=ws_port, grpc=grpc_port, http=http_port)
         if settings.sink_address:
             self.pusher = SinkPusher(self.core, settings, self.metrics, self.governor)
