@@ -17,7 +17,7 @@ import pytest
 from grpc import StatusCode as Status
 
 from bridge.v1 import bridge_pb2 as pb
-from tests.integration.harness import BridgeProcess, serve_process
+from tests.integration.harness import BridgeProcess, scraped, serve_process
 from tests.support import protocol_client as pc
 from tests.support.protocol_client import Edge, End, Refused, Sink, Viewer, cloud
 
@@ -76,16 +76,13 @@ def assert_end(end: End | None, transport: Transport, row: tuple[int, Status]) -
         assert end.grpc_code == row[1], end
 
 
-def sha256(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 @asynccontextmanager
 async def bridge(tmp_path: Path, *extra: str) -> AsyncIterator[BridgeProcess]:
     """§2/§11: a shared edge token, per-device tokens (README: `DEVICE_ID sha256:HEX`) and a
     viewer token."""
     tokens = tmp_path / "device-tokens"
-    tokens.write_text("".join(f"{d} sha256:{sha256(t)}\n" for d, t in DEVICE_TOKENS.items()))
+    digests = {d: hashlib.sha256(t.encode()).hexdigest() for d, t in DEVICE_TOKENS.items()}
+    tokens.write_text("".join(f"{d} sha256:{h}\n" for d, h in digests.items()))
     async with serve_process(
         f"--auth-token={EDGE_TOKEN}",
         f"--viewer-token={VIEWER_TOKEN}",
@@ -94,6 +91,22 @@ async def bridge(tmp_path: Path, *extra: str) -> AsyncIterator[BridgeProcess]:
         *extra,
     ) as b:
         yield b
+
+
+async def gauge_reaches(b: BridgeProcess, name: str, value: float, timeout: float = 10) -> bool:  # noqa: ASYNC109
+    """Poll a gauge on /metrics (with the token) until it reaches ``value``: §11 names
+    ``bridge_subscribers`` as the way to know a subscription is attached."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.http)
+        auth = f"Authorization: Bearer {EDGE_TOKEN}\r\n"
+        writer.write(f"GET /metrics HTTP/1.0\r\nHost: x\r\n{auth}\r\n".encode())
+        raw = await reader.read()
+        writer.close()
+        if sum(scraped(raw.decode().partition("\r\n\r\n")[2], name)) >= value:
+            return True
+        await asyncio.sleep(0.05)
+    return False
 
 
 def test_the_client_uses_nothing_of_the_bridge_but_the_generated_messages() -> None:
@@ -127,6 +140,7 @@ async def publish_and_resume(b: BridgeProcess, sink: Sink, transport: Transport)
     viewer = Viewer(target, VIEWER_TOKEN, stream_ids=["lidar"], max_frame_bytes=MAX_FRAME)
     everything = Viewer(target, VIEWER_TOKEN, max_frame_bytes=MAX_FRAME)
     assert await viewer.subscribed() and await everything.subscribed()
+    assert await gauge_reaches(b, "bridge_subscribers", 2)
     # The device proves its id with its own token: as the transport's bearer token over
     # WebSocket, in Hello.auth_token over gRPC (§1, §2).
     edge = Edge(
@@ -212,7 +226,7 @@ async def subscribe_end(target: str, token: str, **kw: object) -> End:
 
 async def test_subscribe_refusals(tmp_path: Path) -> None:
     """§11: the viewer token only (not the edge's, not a device's), a request that does not
-    parse, a from_bridge_seq the bridge no longer holds, and the subscriber cap."""
+    parse, a from_bridge_seq beyond the newest (live), and the subscriber cap."""
     async with bridge(tmp_path, "--max-subscribers=1") as b:
         target = f"127.0.0.1:{b.grpc}"
         for token in ("", EDGE_TOKEN, DEVICE_TOKENS["robot-1"], "wrong"):
@@ -224,6 +238,7 @@ async def test_subscribe_refusals(tmp_path: Path) -> None:
         # A from_bridge_seq beyond the newest has nothing to replay: live from now (§11).
         first = Viewer(target, VIEWER_TOKEN, from_bridge_seq=10**9)
         assert await first.subscribed()
+        assert await gauge_reaches(b, "bridge_subscribers", 1)
         edge = Edge("live", [lidar()], EDGE_TOKEN)
         await edge.connect(pc.ws_opener(b.ws_url))
         await edge.publish("lidar", points(3))
@@ -269,6 +284,7 @@ async def test_refusals_that_keep_the_connection(tmp_path: Path, transport: Tran
         edge = Edge("nonfatal", [lidar(), imu(), packed], EDGE_TOKEN, token_in_hello=True)
         viewer = Viewer(f"127.0.0.1:{b.grpc}", VIEWER_TOKEN, ["lidar"], max_frame_bytes=MAX_FRAME)
         assert await viewer.subscribed()
+        assert await gauge_reaches(b, "bridge_subscribers", 1)
         await edge.connect(opener(b, transport))
         got: dict[str, tuple[int, str, int]] = {}
 
@@ -567,9 +583,14 @@ async def test_session_and_pending_connection_caps(tmp_path: Path, transport: Tr
         await first.disconnect()
 
         waiting = [await connect(EDGE_TOKEN, "") for _ in range(2)]  # no Hello yet
-        await asyncio.sleep(0.3)  # let the bridge accept them
+        assert await gauge_reaches(b, "bridge_pending_connections", 2)
+        silent = await connect(EDGE_TOKEN, "")  # one more, with nothing in flight
+        messages, end = await silent.until_end()
+        assert [(m.error.code, m.error.fatal) for m in messages] == [(pb.TOO_MANY_SESSIONS, True)]
+        assert_end(end, transport, PENDING)
         error, end = await refused_hello(connect, Edge("third", [lidar()], EDGE_TOKEN))
         assert error is not None and error.code == pb.TOO_MANY_SESSIONS and error.fatal, error
-        assert_end(end, transport, PENDING)
+        if end is None or end.grpc_code != Status.INTERNAL:  # §2: its Hello was in flight
+            assert_end(end, transport, PENDING)
         for conn in waiting:
             await conn.close()
