@@ -11,9 +11,13 @@ Three ways to charge, by what waiting would mean for the caller:
 
 - :meth:`Governor.request`: *admission* (transport receive, which becomes ring data). Waits,
   first come first served, until ``admitted + n <= admission limit`` and the whole budget has
-  room. Waiting here is how the
-  bridge stops reading a connection. A request that can never fit the limit is refused at once
-  (and waiters that no longer fit after a shrink are refused), so nobody blocks the queue forever.
+  room. Waiting here is how the bridge stops reading a connection. A request that fits while
+  older, larger ones wait may pass them, but each waiter lets at most its own size pass it
+  (:meth:`Waiter.may_pass`): one connection waiting for a 188 MiB decode grant no longer holds
+  every other edge's 240 KB frames behind it (issue 29: 2.7-3.5 s stalls), and it still waits at
+  most as long as if one more request of its own size had arrived first. A request that can
+  never fit the limit is refused at once (and waiters that no longer fit after a shrink are
+  refused), so nobody blocks the queue forever.
 - :meth:`Governor.try_charge`: optional data (subscriber queues). Takes room up to the whole
   budget, reserve included, or returns ``None``; the caller then skips the data (a subscriber
   gets a ``slow_subscriber`` gap). Never waits, never overdraws. With ``pinned=True`` (sessions,
@@ -108,6 +112,12 @@ class Waiter:
     nbytes: int
     on_grant: Callable[[Charge | None], None]
     done: bool = False
+    passed_bytes: int = 0  # granted to younger requests while this one waited
+
+    def may_pass(self, nbytes: int) -> bool:
+        """Whether a younger request of ``nbytes`` may be granted before this one: bounded by
+        this request's own size, so passing can delay it, never starve it."""
+        return self.passed_bytes + nbytes <= self.nbytes
 
 
 @dataclass(slots=True)
@@ -176,13 +186,15 @@ class Governor:
     def request(
         self, component: Component, nbytes: int, on_grant: Callable[[Charge | None], None]
     ) -> Charge | Waiter | None:
-        """Admission: a charge now, a :class:`Waiter` (granted FIFO later), or ``None`` when
+        """Admission: a charge now, a :class:`Waiter` (granted later, in arrival order except
+        where it may pass older ones: :meth:`Waiter.may_pass`), or ``None`` when
         ``nbytes`` can never fit the admission limit (the caller reports a clear error)."""
         _check_size(nbytes)
         if self.never_fits(nbytes):
             self.stats.refused += 1
             return None
-        if not self._waiters and self._room_for(nbytes):
+        if self._room_for(nbytes) and all(w.may_pass(nbytes) for w in self._waiters):
+            self._passed(len(self._waiters), nbytes)
             self.stats.granted += 1
             return self._new(component, nbytes, Tier.ADMISSION)
         waiter = Waiter(component, nbytes, on_grant)
@@ -331,14 +343,35 @@ class Governor:
         self.live_charges -= 1
 
     def _pump(self) -> None:
-        """Grant waiters strictly in arrival order while the head fits (no barging)."""
+        """Grant waiters in arrival order while the head fits; then younger waiters that fit
+        and that every older waiter still lets pass (:meth:`Waiter.may_pass`)."""
         while self._waiters:
             head = self._waiters[0]
             if not self._room_for(head.nbytes):
-                return
+                break
             self._waiters.popleft()
             self.stats.granted += 1
             self._finish(head, self._new(head.component, head.nbytes, Tier.ADMISSION))
+        if len(self._waiters) < 2:
+            return
+        allowance = self._waiters[0].nbytes - self._waiters[0].passed_bytes
+        index = 1
+        while index < len(self._waiters):
+            waiter = self._waiters[index]
+            if waiter.nbytes <= allowance and self._room_for(waiter.nbytes):
+                del self._waiters[index]
+                self._passed(index, waiter.nbytes)
+                allowance -= waiter.nbytes
+                self.stats.granted += 1
+                self._finish(waiter, self._new(waiter.component, waiter.nbytes, Tier.ADMISSION))
+                continue
+            allowance = min(allowance, waiter.nbytes - waiter.passed_bytes)
+            index += 1
+
+    def _passed(self, older: int, nbytes: int) -> None:
+        """``nbytes`` were granted past the ``older`` first waiters."""
+        for index in range(older):
+            self._waiters[index].passed_bytes += nbytes
 
     def _finish(self, waiter: Waiter, charge: Charge | None) -> None:
         waiter.done = True

@@ -35,18 +35,42 @@ def test_request_is_granted_at_once_when_there_is_room() -> None:
     assert gov.total_bytes == 0 and gov.live_charges == 0
 
 
-def test_waiters_are_granted_fifo_without_barging() -> None:
+def test_waiters_are_granted_in_order_and_passed_only_within_their_own_size() -> None:
     gov = Governor(100)
     held = gov.request(T, 90, lambda _: None)
     assert isinstance(held, Charge)
     log: list[Charge | None] = []
     big = gov.request(T, 50, log.append)
-    small = gov.request(T, 5, log.append)  # would fit now, but must not pass the older request
-    assert isinstance(big, Waiter) and isinstance(small, Waiter)
-    assert gov.waiting == 2 and gov.waiting_bytes == 55 and log == []
+    assert isinstance(big, Waiter)
+    # Fits now, and the big waiter lets up to its own size pass it: granted at once instead
+    # of stalling behind the big one (issue 29: a good edge behind a 188 MiB decode grant).
+    small = gov.request(T, 5, log.append)
+    assert isinstance(small, Charge) and big.passed_bytes == 5
+    small.release()
+    for _ in range(9):  # 45 more, one at a time: 50 in all
+        passed = gov.request(T, 5, log.append)
+        assert isinstance(passed, Charge)
+        passed.release()
+    late = gov.request(T, 5, log.append)  # the big one's allowance is spent: it waits behind
+    assert isinstance(late, Waiter) and gov.waiting == 2 and log == []
     held.release()
     assert granted(log) == [50, 5] and gov.waiting == 0
     assert gov.admitted_bytes == 55
+
+
+def test_a_released_grant_lets_younger_waiters_pass_a_head_that_still_does_not_fit() -> None:
+    gov = Governor(100)
+    held = [gov.request(T, 30, lambda _: None) for _ in range(3)]  # 90 held
+    log: list[Charge | None] = []
+    head = gov.request(T, 60, log.append)
+    bigger = gov.request(T, 70, log.append)  # younger, never passes the head (60 < 70)
+    small = gov.request(T, 20, log.append)
+    assert isinstance(head, Waiter) and isinstance(bigger, Waiter) and isinstance(small, Waiter)
+    first = held.pop()
+    assert isinstance(first, Charge)
+    first.release()  # 60 held: the head (60) does not fit, the small one (20) does
+    assert granted(log) == [20] and head.passed_bytes == 20 and bigger.passed_bytes == 20
+    assert gov.waiting == 2
 
 
 def test_a_request_that_can_never_fit_is_refused_at_once() -> None:
@@ -85,14 +109,17 @@ def test_a_shrink_below_what_is_held_pauses_admission_until_it_drains() -> None:
 
 def test_cancelled_head_unblocks_the_queue() -> None:
     gov = Governor(100)
-    held = gov.request(T, 60, lambda _: None)
+    held = gov.request(T, 90, lambda _: None)
     log: list[Charge | None] = []
-    head = gov.request(T, 50, log.append)
-    gov.request(T, 30, log.append)
-    assert isinstance(held, Charge) and isinstance(head, Waiter)
+    head = gov.request(T, 15, log.append)
+    passing = gov.request(T, 10, log.append)  # within the head's allowance: passes
+    assert isinstance(passing, Charge)
+    passing.release()
+    behind = gov.request(T, 10, log.append)  # 5 of the head's 15 left: waits behind it
+    assert isinstance(held, Charge) and isinstance(head, Waiter) and isinstance(behind, Waiter)
     gov.cancel(head)
     gov.cancel(head)  # idempotent
-    assert granted(log) == [30]
+    assert granted(log) == [10]
 
 
 def test_try_charge_uses_the_reserve_but_never_overdraws() -> None:
@@ -214,6 +241,7 @@ class GovernorMachine(RuleBasedStateMachine):
         self.next_id = 0
         self.shrunk_below_held = False
         self.pinned: list[Charge] = []
+        self.sizes: dict[int, int] = {}
 
     def _callback(self, rid: int):  # type: ignore[no-untyped-def]
         def on_grant(charge: Charge | None) -> None:
@@ -228,6 +256,7 @@ class GovernorMachine(RuleBasedStateMachine):
     def request(self, n: int) -> None:
         rid = self.next_id
         self.next_id += 1
+        self.sizes[rid] = n
         result = self.gov.request(T, n, self._callback(rid))
         if isinstance(result, Charge):
             self.grant_order.append(rid)
@@ -314,9 +343,14 @@ class GovernorMachine(RuleBasedStateMachine):
         assert self._within() or self.shrunk_below_held
 
     @invariant()
-    def grants_follow_arrival_order(self) -> None:
-        arrived = [rid for rid in self.order if rid in set(self.grant_order)]
-        assert self.grant_order == sorted(self.grant_order, key=arrived.index)
+    def grants_pass_older_waiters_only_within_their_size(self) -> None:
+        """Out of arrival order only past waiters that allow it: the bytes granted to younger
+        requests while one waits never exceed its own size."""
+        granted = set(self.grant_order)
+        for rid, waiter in self.pending.items():
+            younger = [r for r in self.grant_order if r > rid]
+            passed = sum(self.sizes[r] for r in younger if r in granted)
+            assert passed == waiter.passed_bytes <= waiter.nbytes
 
     @invariant()
     def no_waiter_while_the_head_fits(self) -> None:
