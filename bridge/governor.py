@@ -28,8 +28,16 @@ Three ways to charge, by what waiting would mean for the caller:
   the reserve; its callers bound how much can be in flight (workers x depth, one push at a
   time), and going past the whole budget is counted as an overdraft, never hidden.
 
-Every :class:`Charge` is released exactly once: a second release raises :class:`DoubleRelease`
-(and is counted), and :attr:`Governor.live_charges` lets tests prove nothing leaked.
+A :class:`Charge` is a move-only token for its bytes. It is released exactly once: a second
+release raises :class:`DoubleRelease` (and is counted). Ownership moves with
+:meth:`Charge.transfer`, which returns a new handle and marks the old one moved (any use of a
+moved handle raises :class:`MovedCharge`); ``with charge:`` releases it on every path unless it
+was transferred (or released) inside the block. Charges carry an ``owner`` tag (an edge
+connection, ``None`` for the bridge's own holders); in debug mode (``debug=True`` or
+``SIMBRIDGE_CHARGE_DEBUG=1``, on in tests) the governor tracks live charges per owner, and
+:meth:`Governor.end_owner` reports those an owner left behind (a leak) at the end of its
+connection, as :meth:`Governor.check_all_released` does for the whole ledger when a bridge
+closes. :attr:`Governor.live_charges` lets tests prove nothing leaked.
 Grant callbacks run synchronously inside the call that freed room: they must only record the
 grant (e.g. resolve a future), never call back into the governor.
 """
@@ -37,9 +45,20 @@ grant (e.g. resolve a future), never call back into the governor.
 from __future__ import annotations
 
 import enum
+import logging
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import TracebackType
+
+log = logging.getLogger("bridge.governor")
+
+#: Debug mode's default for new governors: live charges tracked per owner, leaks reported.
+DEBUG_ENV = "SIMBRIDGE_CHARGE_DEBUG"
+#: Every leak a debug-mode governor reported in this process (tests assert it stays empty).
+LEAKS: list[str] = []
+_KEEP: object = object()  # transfer(): the new handle keeps the old one's owner
 
 
 class Component(enum.Enum):
@@ -72,18 +91,49 @@ class DoubleRelease(AssertionError):
     """A charge was released twice: an accounting bug, never ignored."""
 
 
+class MovedCharge(DoubleRelease):
+    """A handle was used after :meth:`Charge.transfer` moved its bytes to a new one (releasing
+    it would release them twice: counted as a double release)."""
+
+
 @dataclass(eq=False, slots=True)
 class Charge:
-    """Bytes held for data, charged to one component until :meth:`release`."""
+    """Bytes held for data, charged to one component until :meth:`release`: a move-only token.
+
+    ``released`` is true once this handle holds nothing (released, merged away or moved);
+    ``moved`` says :meth:`transfer` moved it. ``with charge:`` releases a live handle on exit and
+    leaves one released or transferred inside the block alone (only there is release
+    idempotent); a callee handed a charge inside the block may release or transfer it."""
 
     governor: Governor
     component: Component
     nbytes: int
     tier: Tier
     released: bool = False
+    owner: object = None  # who must release or transfer it (an edge connection; None: bridge)
+    moved: bool = False
 
     def release(self) -> None:
         self.governor._release(self)
+
+    def transfer(self, owner: object = _KEEP, component: Component | None = None) -> Charge:
+        """A new handle owning these bytes (for ``owner``, default the same; moved to
+        ``component`` if given); this one is moved: any further use of it raises."""
+        return self.governor._transfer(self, owner, component)
+
+    def __enter__(self) -> Charge:
+        if self.released:
+            self.governor._spent(self, "with")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.released:
+            self.governor._release(self)
 
     def resize(self, nbytes: int) -> None:
         """The holder now keeps ``nbytes`` (a frame replaced by its smaller processed result).
@@ -112,6 +162,7 @@ class Waiter:
     nbytes: int
     on_grant: Callable[[Charge | None], None]
     done: bool = False
+    owner: object = None  # the granted charge's
     passed_bytes: int = 0  # granted to younger requests while this one waited
 
     def may_pass(self, nbytes: int) -> bool:
@@ -127,6 +178,7 @@ class GovernorStats:
     refused: int = 0  # requests that could never fit (at once or after a shrink)
     optional_refused: int = 0  # try_charge found no room
     double_releases: int = 0
+    leaked_charges: int = 0  # reported by end_owner / check_all_released (debug mode)
     overdraft_peak_bytes: int = 0  # highest total - budget seen (forced charges only)
     by_component: dict[Component, int] = field(default_factory=lambda: dict.fromkeys(Component, 0))
 
@@ -134,7 +186,14 @@ class GovernorStats:
 class Governor:
     """The ledger. Not thread-safe: call it from the event loop only."""
 
-    def __init__(self, budget_bytes: int, reserve_bytes: int = 0) -> None:
+    def __init__(
+        self, budget_bytes: int, reserve_bytes: int = 0, *, debug: bool | None = None
+    ) -> None:
+        if debug is None:
+            debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+        # Debug mode: owner -> its live charges (insertion-ordered set), else None (no cost).
+        self._owned: dict[object, dict[Charge, None]] | None = {} if debug else None
+        self.leaks: list[str] = []  # what end_owner / check_all_released reported
         self.budget_bytes = 0
         self.reserve_bytes = 0
         self.total_bytes = 0  # every live charge
@@ -184,7 +243,11 @@ class Governor:
 
     # -- charging -----------------------------------------------------------------------------
     def request(
-        self, component: Component, nbytes: int, on_grant: Callable[[Charge | None], None]
+        self,
+        component: Component,
+        nbytes: int,
+        on_grant: Callable[[Charge | None], None],
+        owner: object = None,
     ) -> Charge | Waiter | None:
         """Admission: a charge now, a :class:`Waiter` (granted later, in arrival order except
         where it may pass older ones: :meth:`Waiter.may_pass`), or ``None`` when
@@ -196,8 +259,8 @@ class Governor:
         if self._room_for(nbytes) and all(w.may_pass(nbytes) for w in self._waiters):
             self._passed(len(self._waiters), nbytes)
             self.stats.granted += 1
-            return self._new(component, nbytes, Tier.ADMISSION)
-        waiter = Waiter(component, nbytes, on_grant)
+            return self._new(component, nbytes, Tier.ADMISSION, owner)
+        waiter = Waiter(component, nbytes, on_grant, owner=owner)
         self._waiters.append(waiter)
         self.stats.waited += 1
         return waiter
@@ -211,7 +274,7 @@ class Governor:
         self._pump()  # the head may have been blocking smaller requests behind it
 
     def try_charge(
-        self, component: Component, nbytes: int, *, pinned: bool = False
+        self, component: Component, nbytes: int, *, pinned: bool = False, owner: object = None
     ) -> Charge | None:
         """Optional data: a charge if the whole budget has room, else ``None``. ``pinned``:
         long-lived, charged against the admission limit; refused only when pinned charges
@@ -226,15 +289,46 @@ class Governor:
         if not room:
             self.stats.optional_refused += 1
             return None
-        charge = self._new(component, nbytes, Tier.PINNED if pinned else Tier.OPTIONAL)
+        charge = self._new(component, nbytes, Tier.PINNED if pinned else Tier.OPTIONAL, owner)
         if pinned:
             self._refuse_unfittable()
         return charge
 
-    def force(self, component: Component, nbytes: int) -> Charge:
+    def force(self, component: Component, nbytes: int, owner: object = None) -> Charge:
         """Forward progress: always charged; going past the budget is counted as overdraft."""
         _check_size(nbytes)
-        return self._new(component, nbytes, Tier.PROGRESS)
+        return self._new(component, nbytes, Tier.PROGRESS, owner)
+
+    # -- ownership checks (debug mode) --------------------------------------------------------
+    @property
+    def debug(self) -> bool:
+        return self._owned is not None
+
+    def live_of(self, owner: object) -> list[Charge]:
+        """``owner``'s live charges (debug mode; always empty otherwise)."""
+        owned = self._owned
+        return [] if owned is None else list(owned.get(owner, ()))
+
+    def end_owner(self, owner: object, what: str = "connection") -> list[Charge]:
+        """``owner`` (a connection) ended: every charge it was given must have been released
+        or transferred. Reports (and returns) those it left behind, in debug mode; the
+        charges themselves stay as they are (a leak is reported, never hidden)."""
+        owned = self._owned
+        if owned is None:
+            return []
+        left = list(owned.get(owner, ()))
+        if left:
+            self._leaked(f"{what} {owner!r} ended holding {_listed(left)}", len(left))
+        return left
+
+    def check_all_released(self, what: str = "bridge closed") -> bool:
+        """The whole ledger is empty (a bridge closed): ``live_charges == 0``. A leak is
+        reported (debug mode: with what each holder kept) and False returned."""
+        if self.live_charges == 0:
+            return True
+        held = [c for cs in (self._owned or {}).values() for c in cs]
+        self._leaked(f"{what} with {self.live_charges} live charges: {_listed(held)}", 0)
+        return False
 
     # -- inspection ---------------------------------------------------------------------------
     @property
@@ -268,6 +362,7 @@ class Governor:
             "overdraft_peak_bytes": self.stats.overdraft_peak_bytes,
             "refused": self.stats.refused,
             "double_releases": self.stats.double_releases,
+            "leaked_charges": self.stats.leaked_charges,
         }
 
     # -- internals ----------------------------------------------------------------------------
@@ -279,11 +374,62 @@ class Governor:
             and self.total_bytes + nbytes <= self.budget_bytes
         )
 
-    def _new(self, component: Component, nbytes: int, tier: Tier) -> Charge:
-        charge = Charge(self, component, nbytes, tier)
+    def _new(self, component: Component, nbytes: int, tier: Tier, owner: object = None) -> Charge:
+        charge = Charge(self, component, nbytes, tier, False, owner)
         self._add(charge, nbytes)
         self.live_charges += 1
+        if self._owned is not None:
+            self._own(charge)
         return charge
+
+    def _grant(self, waiter: Waiter) -> Charge:
+        return self._new(waiter.component, waiter.nbytes, Tier.ADMISSION, waiter.owner)
+
+    def _own(self, charge: Charge) -> None:
+        assert self._owned is not None
+        self._owned.setdefault(charge.owner, {})[charge] = None
+
+    def _disown(self, charge: Charge) -> None:
+        assert self._owned is not None
+        mine = self._owned.get(charge.owner)
+        if mine is not None:
+            mine.pop(charge, None)
+            if not mine:
+                del self._owned[charge.owner]
+
+    def _spent(self, charge: Charge, use: str) -> None:
+        """``charge`` holds nothing: using it raises (a release is counted as a double one)."""
+        if use == "release":
+            self.stats.double_releases += 1
+        what = f"{use} of a {charge.component.value} charge of {charge.nbytes} B"
+        if charge.moved:
+            raise MovedCharge(f"{what} that was transferred")
+        raise DoubleRelease(f"{what} that was released")
+
+    def _leaked(self, message: str, count: int) -> None:
+        self.stats.leaked_charges += count
+        self.leaks.append(message)
+        LEAKS.append(message)
+        log.error("charge leak: %s", message)
+
+    def _transfer(self, charge: Charge, owner: object, component: Component | None) -> Charge:
+        if charge.released:
+            self._spent(charge, "transfer")
+        new = Charge(
+            self,
+            charge.component,
+            charge.nbytes,
+            charge.tier,
+            False,
+            charge.owner if owner is _KEEP else owner,
+        )
+        charge.released = charge.moved = True
+        if self._owned is not None:
+            self._disown(charge)
+            self._own(new)
+        if component is not None and component is not new.component:
+            self._move(new, component)
+        return new
 
     def _add(self, charge: Charge, delta: int) -> None:
         self.total_bytes += delta
@@ -299,17 +445,18 @@ class Governor:
 
     def _release(self, charge: Charge) -> None:
         if charge.released:
-            self.stats.double_releases += 1
-            raise DoubleRelease(f"{charge.component.value} charge of {charge.nbytes} B")
+            self._spent(charge, "release")
         charge.released = True
         self._add(charge, -charge.nbytes)
         self.live_charges -= 1
+        if self._owned is not None:
+            self._disown(charge)
         self._pump()
 
     def _resize(self, charge: Charge, nbytes: int) -> None:
         _check_size(nbytes)
         if charge.released:
-            raise DoubleRelease("resize of a released charge")
+            self._spent(charge, "resize")
         delta = nbytes - charge.nbytes
         charge.nbytes = nbytes
         self._add(charge, delta)
@@ -318,29 +465,34 @@ class Governor:
 
     def _move(self, charge: Charge, component: Component) -> None:
         if charge.released:
-            raise DoubleRelease("move of a released charge")
+            self._spent(charge, "move")
         self.stats.by_component[charge.component] -= charge.nbytes
         self.stats.by_component[component] += charge.nbytes
         charge.component = component
 
     def _split(self, charge: Charge, nbytes: int) -> Charge:
         if charge.released:
-            raise DoubleRelease("split of a released charge")
+            self._spent(charge, "split")
         if not 0 <= nbytes <= charge.nbytes:
             raise ValueError(f"cannot split {nbytes} B out of a {charge.nbytes} B charge")
         charge.nbytes -= nbytes
         self.live_charges += 1
-        return Charge(self, charge.component, nbytes, charge.tier)
+        part = Charge(self, charge.component, nbytes, charge.tier, False, charge.owner)
+        if self._owned is not None:
+            self._own(part)
+        return part
 
     def _merge(self, charge: Charge, other: Charge) -> None:
         if charge.released or other.released:
-            raise DoubleRelease("merge with a released charge")
+            self._spent(other if other.released else charge, "merge")
         if (charge.component, charge.tier) != (other.component, other.tier):
             raise ValueError("only charges of the same component and tier merge")
         charge.nbytes += other.nbytes
         other.nbytes = 0
         other.released = True
         self.live_charges -= 1
+        if self._owned is not None:
+            self._disown(other)
 
     def _pump(self) -> None:
         """Grant waiters in arrival order while the head fits; then younger waiters that fit
@@ -351,7 +503,7 @@ class Governor:
                 break
             self._waiters.popleft()
             self.stats.granted += 1
-            self._finish(head, self._new(head.component, head.nbytes, Tier.ADMISSION))
+            self._finish(head, self._grant(head))
         if len(self._waiters) < 2:
             return
         allowance = self._waiters[0].nbytes - self._waiters[0].passed_bytes
@@ -363,7 +515,7 @@ class Governor:
                 self._passed(index, waiter.nbytes)
                 allowance -= waiter.nbytes
                 self.stats.granted += 1
-                self._finish(waiter, self._new(waiter.component, waiter.nbytes, Tier.ADMISSION))
+                self._finish(waiter, self._grant(waiter))
                 continue
             allowance = min(allowance, waiter.nbytes - waiter.passed_bytes)
             index += 1
@@ -383,3 +535,9 @@ class Governor:
 def _check_size(nbytes: int) -> None:
     if nbytes < 0:
         raise ValueError(f"a charge cannot be negative ({nbytes})")
+
+
+def _listed(charges: list[Charge]) -> str:
+    shown = ", ".join(f"{c.component.value} {c.nbytes} B" for c in charges[:8])
+    more = f" and {len(charges) - 8} more" if len(charges) > 8 else ""
+    return f"{len(charges)} charge(s): {shown}{more}" if charges else "(owners not tracked)"
