@@ -101,6 +101,11 @@ bench-uplink: venv
 bench-grpc-window: venv
 	$(PY) -m benchmarks.grpc_window
 
+# Clouds/s, 1 KB frames/s and CPU per frame at N = 1,2,4,8 bridge processes, and a model (ARGS=--help).
+.PHONY: bench-scale
+bench-scale: venv
+	$(PY) -m benchmarks.scale --json reports/bench-scale.json --plot reports/bench-scale.png $(ARGS)
+
 # Session setup (new and resumed, WebSocket and gRPC) and a Unix-socket round trip: the parts of
 # a redirect and of a handover between ingest processes (docs/scaling.md).
 bench-connect: venv
