@@ -3,7 +3,8 @@
 
     workers   = clamp(ceil(cpu quota), 1, CPUs in the affinity set)
     budget    = memory limit - measured baseline - headroom; unlimited → a fixed cap
-    reserve   = reserve_fraction * budget  (forward progress: decimation, pushes in flight)
+    reserve   = max(reserve_fraction * budget, min(min_reserve_bytes, budget / 2))
+                (forward progress: decimation, pushes in flight)
     ring      = budget - reserve: what transport receive and the rings may hold together
     per stream= ring split fairly over the active streams, no floor (a larger frame borrows)
     GPU batch = points that fit in a fraction of the free memory of the device we use
@@ -40,6 +41,10 @@ class PlanSettings:
 
     # Memory
     reserve_fraction: float = 0.25
+    # The reserve never holds less than forward progress needs at once (one push in flight,
+    # charged as its copies): below that a forced push overdraws the budget (issue 29: a 30 MiB
+    # push on a 47 MiB budget after a live shrink). Capped at half the budget.
+    min_reserve_bytes: int = 0
     headroom_bytes: int = 64 * MiB
     # The data budget never goes below this: a limit that leaves less after the headroom takes
     # it from the headroom, so a squeezed pod pauses and keeps its edges instead of refusing
@@ -65,7 +70,12 @@ class PlanSettings:
             problems.append(
                 f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
             )
-        for name in ("headroom_bytes", "unlimited_memory_cap_bytes", "min_budget_bytes"):
+        for name in (
+            "headroom_bytes",
+            "unlimited_memory_cap_bytes",
+            "min_budget_bytes",
+            "min_reserve_bytes",
+        ):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if self.gpu_bytes_per_point <= 0:
@@ -190,8 +200,14 @@ def _ring(
                 "headroom)"
             )
     reserve = math.floor(s.reserve_fraction * budget)
-    ring = budget - reserve
     reasons["reserve_bytes"] = f"{s.reserve_fraction:g} * budget = {format_bytes(reserve)}"
+    if reserve < min(s.min_reserve_bytes, budget // 2):
+        reserve = min(s.min_reserve_bytes, budget // 2)
+        reasons["reserve_bytes"] = (
+            f"{format_bytes(reserve)}: what one push in flight needs (min_reserve_bytes, at most "
+            f"half the budget), more than {s.reserve_fraction:g} * budget"
+        )
+    ring = budget - reserve
     reasons["ring_budget_bytes"] = (
         f"budget - reserve = {format_bytes(ring)} (transport receive + rings together)"
     )
