@@ -147,8 +147,8 @@ def format_report(
     lines.append("")
     head = (
         f"{'workload':>8} {'N':>2} {'rd':>2} {'wk':>2} {'frames/s':>9} {'xN=1':>5} {'loop us':>8} "
-        f"{'other us':>8} {'bridge':>6} {'max loop':>8} {'loop split %':>14} {'gen loop':>8} "
-        f"{'gen us':>7} {'machine':>7} {'rest':>5} {'gen':>6} {'errors':>6}"
+        f"{'other us':>8} {'bridge':>6} {'max loop':>8} {'gen loop':>8} "
+        f"{'gen us':>7} {'machine':>7} {'rest':>5} {'gen':>6} {'errors':>6}  loop split %"
     )
     lines.append(head)
     by_procs = {g.procs: g for g in groups}
@@ -163,11 +163,11 @@ def format_report(
                 f"{c.workload:>8} {c.procs:>2} {c.round:>2} {group.workers if group else 0:>2} "
                 f"{c.frames_per_s:>9.0f} {_f(speedup, '%.2f'):>5} "
                 f"{_f(c.loop_us_per_frame, '%.1f'):>8} {_f(c.other_us_per_frame, '%.1f'):>8} "
-                f"{c.bridge_cores:>6.2f} {c.loop_cores_max:>8.2f} {split[:14]:>14} "
+                f"{c.bridge_cores:>6.2f} {c.loop_cores_max:>8.2f} "
                 f"{c.gen_loop_cores:>8.2f} {_f(c.gen_us_per_frame, '%.1f'):>7} "
                 f"{c.machine_cores:>7.2f} {c.rest_cores:>5.2f} "
                 f"{'LAGGED' if c.gen_lagged else 'ok':>6} "
-                f"{len(c.errors):>6}"
+                f"{len(c.errors):>6}  {split}"
             )
         lines.append("")
     lines.append(
@@ -201,7 +201,7 @@ def _statements(cells: Sequence[CellResult], groups: Sequence[GroupInfo], ncpu: 
         )
     else:
         out.append("# generator: did not lag in any cell (its loop stayed below the threshold)")
-    over = [g.procs for g in groups if g.procs > ncpu]
+    over = sorted({g.procs for g in groups if g.procs > ncpu})
     if over:
         out.append(
             f"# N = {', '.join(map(str, over))}: more bridge processes than the {ncpu} CPU(s) "
@@ -212,13 +212,18 @@ def _statements(cells: Sequence[CellResult], groups: Sequence[GroupInfo], ncpu: 
         out.append(f"# ERRORS in {c.workload} N={c.procs}: {'; '.join(c.errors[:3])}")
     if not bad:
         out.append("# accounting: every frame sent reached the sink exactly once, in order")
-    noisy = [f"{c.workload} N={c.procs} rd {c.round} ({c.rest_cores:.2f})" for c in cells]
-    noisy = [n for n, c in zip(noisy, cells, strict=True) if c.rest_cores >= NOISY_REST_CORES]
+    noisy = [c for c in cells if c.rest_cores >= NOISY_REST_CORES]
     if noisy:
+        rest = sorted(c.rest_cores for c in noisy)
+        which = (
+            ", ".join(f"{c.workload} N={c.procs} rd {c.round}" for c in noisy)
+            if len(noisy) <= 4
+            else "see the rest column"
+        )
         out.append(
-            "# NOISE: the rest of the machine (other processes) kept cores busy in: "
-            + ", ".join(noisy)
-            + "; those rows measured a machine shared with others"
+            f"# NOISE: other processes kept {rest[0]:.2f}-{rest[-1]:.2f} cores busy in "
+            f"{len(noisy)} of {len(cells)} cells ({which}): those rows measured a machine "
+            "shared with others"
         )
     for workload in _workloads(cells):
         one, two = summary(cells, workload, 1), summary(cells, workload, 2)
