@@ -280,6 +280,13 @@ def _model_text(model: dict[str, Any], host: dict[str, Any]) -> list[str]:
                 for n in procs
             )
             out.append(f"#   {c:>6}{cells}")
+        top = max(entry["rates"], key=lambda r: r["frames_per_s"])
+        gen_us = entry["generator_us_per_frame"]
+        out.append(
+            f"#   the generator would need {top['generator_cores']:g} cores of its own at "
+            f"{top['frames_per_s']} frames/s (N = {top['procs']}, C = {top['cores']}); this "
+            f"bench's generator is one process and stops near {1e6 / gen_us:.0f} frames/s"
+        )
     return out
 
 
