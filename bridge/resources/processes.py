@@ -35,9 +35,10 @@ from typing import Any
 from bridge.resources.quantity import format_bytes
 
 MiB = 1 << 20
-#: Interpreter, native extensions, gRPC and WebSocket servers, idle, rounded up: measured idle
-#: RSS of ``simbridge serve`` 66-67 MiB on the 2-core VM (docs/scaling.md), so 80 MiB leaves a
-#: margin and matches issue 31's per-process target.
+#: Interpreter, native extensions, gRPC and WebSocket servers, idle, rounded up: an idle
+#: ``simbridge serve`` measured 68.4 MiB RSS, of which 35.3 MiB anonymous (what a cgroup is
+#: charged per extra process; the file pages are shared), on the 2-core VM (docs/scaling.md
+#: "Memory per process"). 80 MiB leaves a margin and is issue 31's per-process target.
 DEFAULT_PER_PROCESS_BYTES = 80 * MiB
 
 
