@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
+import threading
+import time
 
 from tests.integration.harness import http_get, running_bridge
 
@@ -30,3 +34,55 @@ async def test_metrics_health_ready_and_debug() -> None:
         assert (await http_get(port, "/nope"))[0] == 404
         bridge.ready = False
         assert (await http_get(port, "/readyz"))[0] == 503
+
+
+def _get_from_a_thread(port: int, path: str, out: list[tuple[int, float]], delay: float) -> None:
+    """GET ``path`` after ``delay`` seconds with plain sockets (the loop under test is blocked);
+    appends (status, seconds to the answer)."""
+    time.sleep(delay)
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        head = sock.recv(64)
+    out.append((int(head.split()[1]), time.monotonic() - start))
+
+
+def _hold_the_loop(seconds: float) -> None:
+    """Called from a coroutine: the event loop makes no turn meanwhile."""
+    time.sleep(seconds)
+
+
+async def test_the_probes_answer_while_the_event_loop_is_busy() -> None:
+    """Issue 29: under 15 MiB floods the probes waited for the loop's turns (130-1,078 ms in the
+    container); a liveness probe that times out gets a busy pod restarted."""
+    async with running_bridge() as bridge:
+        assert bridge.ports is not None
+        answers: list[tuple[int, float]] = []
+        threads = [
+            threading.Thread(target=_get_from_a_thread, args=(bridge.ports.http, p, answers, 0.2))
+            for p in ("/healthz", "/readyz")
+        ]
+        for t in threads:
+            t.start()
+        _hold_the_loop(1.0)  # the loop is busy for a second
+        for t in threads:
+            t.join(5)
+    assert sorted(status for status, _ in answers) == [200, 200]
+    assert max(seconds for _, seconds in answers) < 0.5, answers
+
+
+async def test_liveness_fails_once_the_event_loop_stops_turning() -> None:
+    async with running_bridge() as bridge:
+        assert bridge.ports is not None and bridge._http is not None
+        bridge._http.loop_stall_seconds = 0.3
+        answers: list[tuple[int, float]] = []
+        thread = threading.Thread(
+            target=_get_from_a_thread, args=(bridge.ports.http, "/healthz", answers, 0.8)
+        )
+        thread.start()
+        _hold_the_loop(1.2)  # a stuck loop: no turn for longer than the threshold
+        thread.join(5)
+        assert answers and answers[0][0] == 503, answers
+        await asyncio.sleep(0.6)  # turning again
+        status, _ = await http_get(bridge.ports.http, "/healthz")
+        assert status == 200
