@@ -147,7 +147,7 @@ def format_report(
     lines.append("")
     head = (
         f"{'workload':>8} {'N':>2} {'rd':>2} {'wk':>2} {'frames/s':>9} {'xN=1':>5} {'loop us':>8} "
-        f"{'other us':>8} {'bridge':>6} {'max loop':>8} {'gen loop':>8} "
+        f"{'other us':>8} {'decim us':>8} {'bridge':>6} {'max loop':>8} {'gen loop':>8} "
         f"{'gen us':>7} {'machine':>7} {'rest':>5} {'gen':>6} {'errors':>6}  loop split %"
     )
     lines.append(head)
@@ -163,6 +163,7 @@ def format_report(
                 f"{c.workload:>8} {c.procs:>2} {c.round:>2} {group.workers if group else 0:>2} "
                 f"{c.frames_per_s:>9.0f} {_f(speedup, '%.2f'):>5} "
                 f"{_f(c.loop_us_per_frame, '%.1f'):>8} {_f(c.other_us_per_frame, '%.1f'):>8} "
+                f"{_f(c.decimate_us_per_frame, '%.1f'):>8} "
                 f"{c.bridge_cores:>6.2f} {c.loop_cores_max:>8.2f} "
                 f"{c.gen_loop_cores:>8.2f} {_f(c.gen_us_per_frame, '%.1f'):>7} "
                 f"{c.machine_cores:>7.2f} {c.rest_cores:>5.2f} "
@@ -171,10 +172,12 @@ def format_report(
             )
         lines.append("")
     lines.append(
-        "# columns: rd = round; wk = decimation workers per process; bridge / max loop / gen "
-        "loop / machine / rest in cores (max loop: the busiest process's loop, 1.0 = full; rest: "
-        "the machine minus bridge and generator, others' work); xN=1 against N = 1's mean over the "
-        "rounds; gen = the generator's loop "
+        "# columns: rd = round; wk = decimation workers per process; decim us = a worker's wall "
+        "time per frame decimating and encoding (bridge_decimation_seconds; above the CPU when "
+        "it waited for a core or the GIL); bridge / "
+        "max loop / gen loop / machine / rest in cores (max loop: the busiest process's loop, "
+        "1.0 = full; rest: the machine minus bridge and generator, others' work); xN=1 against "
+        "N = 1's mean over the rounds; gen = the generator's loop "
         f"(>= {GEN_LOOP_LAGGED:.2f} core: LAGGED)"
     )
     lines += _statements(cells, groups, ncpu)

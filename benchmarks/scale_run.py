@@ -137,6 +137,26 @@ def pss_bytes(pid: int) -> int:
     return 0
 
 
+DECIMATE_SUM = "bridge_decimation_seconds_sum"
+
+
+async def metric_sum(port: int, name: str) -> float:
+    """Sum of one metric's samples on a bridge's /metrics; NaN when it does not answer."""
+    try:
+        async with asyncio.timeout(2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
+            body = (await reader.read()).decode(errors="replace")
+            writer.close()
+    except (OSError, TimeoutError):
+        return float("nan")
+    total = 0.0
+    for line in body.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 @dataclass
 class Snapshot:
     t_ns: int
@@ -145,9 +165,11 @@ class Snapshot:
     gen_loop: float  # this process's main thread
     gen_total: float  # this process, all threads
     busy: float  # the machine
+    decimate: float = 0.0  # seconds in the decimation kernel, all processes (their /metrics)
 
     @classmethod
-    def take(cls, pids: Sequence[int]) -> Snapshot:
+    async def take(cls, pids: Sequence[int], http_ports: Sequence[int] = ()) -> Snapshot:
+        spent = await asyncio.gather(*(metric_sum(p, DECIMATE_SUM) for p in http_ports))
         split = [thread_cpu(p) for p in pids]
         gen_loop, _ = thread_cpu(os.getpid())
         times = os.times()
@@ -158,6 +180,7 @@ class Snapshot:
             gen_loop,
             times.user + times.system,
             machine_busy_seconds(),
+            sum(spent),
         )
 
 
@@ -178,6 +201,7 @@ class CellResult:
     frames_per_s: float
     loop_us_per_frame: float  # every process's event loop, summed, per frame
     other_us_per_frame: float  # every other bridge thread (workers, gRPC I/O), per frame
+    decimate_us_per_frame: float  # workers' wall time decimating + encoding (/metrics), per frame
     bridge_cores: float  # the bridge processes' CPU, in cores
     loop_cores_max: float  # the busiest process's loop, in cores (1.0 = that loop is full)
     loop_share: list[float]  # each process's share of the loop CPU (the kernel's spread)
@@ -229,6 +253,7 @@ def cell_result(
         frames_per_s=frames / window,
         loop_us_per_frame=_per_frame(loop_total, frames),
         other_us_per_frame=_per_frame(sum(others), frames),
+        decimate_us_per_frame=_per_frame(b.decimate - a.decimate, frames),
         bridge_cores=bridge_cores,
         loop_cores_max=max(loops, default=0.0) / window,
         loop_share=[round(v / loop_total, 3) if loop_total else 0.0 for v in loops],
@@ -324,6 +349,10 @@ class ScaleGroup:
             idle_pss=[pss_bytes(p) for p in self.pids],
         )
 
+    @property
+    def http_ports(self) -> list[int]:
+        return [s.ports["http"] for s in self.group.servers if "http" in s.ports]
+
     def address(self, transport: str) -> str:
         return f"127.0.0.1:{self.group.ports[transport]}"
 
@@ -349,14 +378,15 @@ async def run_cell(
     stop = asyncio.Event()
     senders: list[asyncio.Task[None]] = []
     pids = group.pids
-    a = b = Snapshot.take(pids)
+    http = group.http_ports
+    a = b = await Snapshot.take(pids)
     try:
         await asyncio.gather(*(c.open(group.address(transport)) for c in clients))
         senders = [asyncio.create_task(c.send_loop(stop)) for c in clients]
         await asyncio.sleep(warmup)
-        a = Snapshot.take(pids)
+        a = await Snapshot.take(pids, http)
         await asyncio.sleep(seconds)
-        b = Snapshot.take(pids)
+        b = await Snapshot.take(pids, http)
         stop.set()
         deadline = time.monotonic() + DRAIN_TIMEOUT
         while cell.completed < cell.sent or not all(t.done() for t in senders):

@@ -65,6 +65,8 @@ def test_tiny_run_reports_every_field_and_says_the_generator_shares_the_cores(
     cloud1 = next(c for c in cells if c["workload"] == "cloud" and c["procs"] == 1)
     small1 = next(c for c in cells if c["workload"] == "1KB" and c["procs"] == 1)
     assert cloud1["other_us_per_frame"] > 10 * small1["other_us_per_frame"]
+    # ... and only clouds reach the decimation kernel (the processes' /metrics say how long).
+    assert all((c["decimate_us_per_frame"] > 0) == (c["workload"] == "cloud") for c in cells), cells
     # 16 hashed connections over 2 processes: both served (all on one: p = 2^-15).
     small2 = next(c for c in cells if c["workload"] == "1KB" and c["procs"] == 2)
     assert all(share > 0 for share in small2["loop_share"]), small2
@@ -94,7 +96,8 @@ def _cell(**kw: object) -> CellResult:
     base: dict[str, object] = dict(
         round=1, procs=1, workload="1KB", transport="ws", conns=4, window=8, wire_bytes=1100,
         seconds=2.0, frames=1000, frames_per_s=500.0, loop_us_per_frame=80.0,
-        other_us_per_frame=5.0, bridge_cores=0.5, loop_cores_max=0.4, loop_share=[1.0],
+        other_us_per_frame=5.0, decimate_us_per_frame=0.0, bridge_cores=0.5,
+        loop_cores_max=0.4, loop_share=[1.0],
         gen_loop_cores=0.3, gen_cores=0.3, gen_us_per_frame=40.0, machine_cores=0.8,
         rest_cores=0.0, gen_lagged=False, sent=1000, completed=1000, pauses=0,
     )  # fmt: skip
