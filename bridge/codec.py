@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from google.protobuf.message import DecodeError
 
@@ -50,7 +51,12 @@ class Limits:
         )
 
 
-def decode_edge(raw: bytes, limits: Limits) -> pb.EdgeMessage:
+# The bytes of one received message: a large WebSocket message is the bytearray it was read
+# into (bridge.ws_conn.Payload), handed on without another copy.
+Wire = bytes | bytearray
+
+
+def decode_edge(raw: Wire, limits: Limits) -> pb.EdgeMessage:
     """Parse one EdgeMessage; refuse oversize or undecodable bytes and empty oneofs.
 
     Telemetry is sized before it is parsed (a map of many small entries costs far more to parse
@@ -74,7 +80,7 @@ def decode_edge(raw: bytes, limits: Limits) -> pb.EdgeMessage:
         _count_cloud_fields(raw, entries, limits.max_cloud_fields)
     msg = pb.EdgeMessage()
     try:
-        msg.ParseFromString(raw)
+        msg.ParseFromString(cast(bytes, raw))  # upb parses any buffer; the stub says bytes
     except DecodeError as exc:
         raise MalformedMessage(f"not a valid EdgeMessage: {exc}") from None
     kind = msg.WhichOneof("kind")
@@ -122,12 +128,12 @@ _BATCH_KEY = wire.field_key(pb.EdgeMessage.DESCRIPTOR, "batch")
 _IN_BATCH_KEY = wire.field_key(pb.FrameBatch.DESCRIPTOR, "frames")
 
 
-def is_batch(raw: bytes) -> bool:
+def is_batch(raw: Wire) -> bool:
     """Whether ``raw`` is an ``EdgeMessage{batch}`` (decoded by :func:`batch_spans`)."""
     return raw.startswith(_BATCH_KEY)
 
 
-def batch_spans(raw: bytes, limits: Limits) -> list[tuple[int, int]]:
+def batch_spans(raw: Wire, limits: Limits) -> list[tuple[int, int]]:
     """(start, end) of each Frame in an ``EdgeMessage{batch}``, checked against the limits
     before anything is parsed: the frame count, and the telemetry bytes of all frames together
     (the same parse-cost bound one message has). Each frame is then parsed on its own
@@ -135,7 +141,7 @@ def batch_spans(raw: bytes, limits: Limits) -> list[tuple[int, int]]:
     if len(raw) > limits.max_frame_bytes:
         raise FrameTooLarge(f"message of {len(raw)} bytes exceeds max {limits.max_frame_bytes}")
     try:
-        length, start = wire.decode_varint(raw, len(_BATCH_KEY))
+        length, start = wire.decode_varint(cast(bytes, raw), len(_BATCH_KEY))  # typing only
         if start + length != len(raw):
             raise ValueError("batch length does not match the message")
         # One span more than the limit is enough to refuse: 16 MiB of empty frames are 8M spans.
@@ -162,14 +168,14 @@ def batch_spans(raw: bytes, limits: Limits) -> list[tuple[int, int]]:
     return spans
 
 
-def decode_frame(raw: bytes, start: int, end: int, limits: Limits) -> pb.Frame:
+def decode_frame(raw: Wire, start: int, end: int, limits: Limits) -> pb.Frame:
     """One Frame of a batch (see :func:`batch_spans`); a large one's cloud fields are counted
     before it is parsed, as in :func:`decode_edge`."""
     if end - start >= WALK_BYTES:
         _count_cloud_fields(raw, _fields_in(raw, start, end), limits.max_cloud_fields)
     frame = pb.Frame()
     try:
-        frame.ParseFromString(raw[start:end])
+        frame.ParseFromString(cast(bytes, raw[start:end]))  # as above
     except DecodeError as exc:
         raise MalformedMessage(f"not a valid Frame in a FrameBatch: {exc}") from None
     _check_frame(frame, limits)
@@ -198,13 +204,13 @@ Entry = tuple[int, int, int, int]
 """(field number, wire type, value or start of the value, length) of one encoded field."""
 
 
-def _frame_fields(raw: bytes) -> list[Entry]:
+def _frame_fields(raw: Wire) -> list[Entry]:
     """The top-level Frame fields (:func:`_fields_in`) of an ``EdgeMessage{frame}``, or [] when
     ``raw`` is not one (the parser then says what is wrong)."""
     try:
         if not raw.startswith(_FRAME_KEY):
             return []
-        length, i = wire.decode_varint(raw, len(_FRAME_KEY))
+        length, i = wire.decode_varint(cast(bytes, raw), len(_FRAME_KEY))  # typing only
         end = i + length
         if end > len(raw):
             return []
@@ -213,7 +219,7 @@ def _frame_fields(raw: bytes) -> list[Entry]:
     return _fields_in(raw, i, end)
 
 
-def _fields_in(raw: bytes, i: int, end: int) -> list[Entry]:
+def _fields_in(raw: Wire, i: int, end: int) -> list[Entry]:
     """The fields of the Frame at ``raw[i:end]`` (I32 / I64 ones skipped), or [] when it is not
     well formed; MalformedMessage beyond ``FRAME_ENTRIES_MAX`` of them. Walks keys and lengths
     only: O(fields), never O(bytes), and never more than the bound."""
@@ -226,11 +232,12 @@ def _fields_in(raw: bytes, i: int, end: int) -> list[Entry]:
     return [e[:4] for e in walked if e[1] in (wire.WIRE_VARINT, wire.WIRE_LEN)]
 
 
-def _walk(raw: bytes, i: int, end: int) -> Iterator[tuple[int, int, int, int, int, int]]:
+def _walk(raw: Wire, i: int, end: int) -> Iterator[tuple[int, int, int, int, int, int]]:
     """(number, wire type, value or value start, length, entry start, entry end) of each field
     in ``raw[i:end]``, lazily, so a caller stops as soon as it knows enough. ValueError or
     IndexError where the bytes are not well formed (an entry past ``end``, wire types 3, 4, 6
     and 7); I32 / I64 fields come as (start, width)."""
+    raw = cast(bytes, raw)  # typing only: decode_varint reads a bytearray alike
     while i < end:
         at = i
         key, i = wire.decode_varint(raw, i)
@@ -251,7 +258,7 @@ def _walk(raw: bytes, i: int, end: int) -> Iterator[tuple[int, int, int, int, in
         yield number, wire_type, value, size, at, i
 
 
-def _count_cloud_fields(raw: bytes, entries: list[Entry], max_fields: int) -> None:
+def _count_cloud_fields(raw: Wire, entries: list[Entry], max_fields: int) -> None:
     """Refuse (INVALID_LAYOUT, naming the frame) a Frame, given its top-level ``entries``, whose
     cloud declares more than ``max_fields`` fields, from the keys alone: no field is built."""
     count = _cloud_field_count(raw, entries, max_fields)
@@ -259,7 +266,7 @@ def _count_cloud_fields(raw: bytes, entries: list[Entry], max_fields: int) -> No
         _refuse_fields(count, max_fields, _header(raw, entries))
 
 
-def _cloud_field_count(raw: bytes, entries: list[Entry], max_fields: int) -> int:
+def _cloud_field_count(raw: Wire, entries: list[Entry], max_fields: int) -> int:
     """The cloud's ``fields`` entries, counted up to one past ``max_fields`` (the walk reads no
     further). A cloud that is not well formed, or has many entries of other kinds, counts 0:
     it is the parser's, and :func:`_check_frame` checks the parsed count."""
@@ -282,11 +289,11 @@ def _cloud_field_count(raw: bytes, entries: list[Entry], max_fields: int) -> int
     return count
 
 
-def _telemetry_in(raw: bytes, start: int, end: int) -> int:
+def _telemetry_in(raw: Wire, start: int, end: int) -> int:
     return sum(size for n, t, _, size in _fields_in(raw, start, end) if n == _TELEMETRY and t == 2)
 
 
-def _header(raw: bytes, entries: list[Entry]) -> pb.Frame:
+def _header(raw: Wire, entries: list[Entry]) -> pb.Frame:
     """The stream and seq of a Frame from its top-level ``entries`` (for a refusal's Error)."""
     frame = pb.Frame()
     for number, wire_type, value, size in entries:
@@ -366,7 +373,7 @@ _U64 = 1 << 64
 
 
 def split_cloud_frame(
-    raw: bytes, max_fields: int | None = None
+    raw: Wire, max_fields: int | None = None
 ) -> tuple[pb.Frame, memoryview] | None:
     """An ``EdgeMessage{frame}`` carrying a point cloud, as (the frame without its points, a
     view of the points in ``raw``): the megabytes of points are neither parsed nor copied.
@@ -386,7 +393,8 @@ def split_cloud_frame(
         return None
 
 
-def _split(raw: bytes, max_fields: int | None) -> tuple[pb.Frame, memoryview] | None:
+def _split(raw: Wire, max_fields: int | None) -> tuple[pb.Frame, memoryview] | None:
+    raw = cast(bytes, raw)  # typing only: decode_varint reads a bytearray alike
     if not raw.startswith(_FRAME_KEY):
         return None
     length, i = wire.decode_varint(raw, len(_FRAME_KEY))

@@ -96,7 +96,7 @@ class Fanout(Protocol):
 class Received:
     """One message and the memory governor's charge for its bytes (granted before reading)."""
 
-    data: bytes
+    data: bytes | bytearray  # a large WebSocket message is the buffer it was read into
     charge: Charge
 
 

@@ -5,10 +5,13 @@ Why: ``websockets`` reads a connection into its own buffers (up to ``max_queue``
 ``max_size`` each) whether or not anyone calls ``recv()``. To bound that in bytes, the WebSocket
 adapter reads a frame's payload only once the memory governor has granted it, and the payload
 size is known from the frame's header before the payload arrives (RFC 6455 §5.2). Control frames
-(ping, pong, close: at most 125 bytes each) are not metered.
+(ping, pong, close: at most 125 bytes each) are not metered. :class:`Payload` is where a large
+binary message's granted bytes go: one buffer, unmasked in place.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 _CONTROL = 0x8  # opcodes 0x8-0xF
 
@@ -144,3 +147,47 @@ class Unread:
     def clear(self) -> None:
         self._data = b""
         self._at = 0
+
+
+class Payload:
+    """A large binary message's payload: ONE buffer of its announced size, allocated when its
+    first granted bytes are written (never while the grant waits), filled read by read and
+    unmasked in place (RFC 6455 5.3: byte i is XORed with key[i mod 4]) word by word as the reads
+    complete them. The loop never spends one long turn on a whole payload, no read is copied
+    twice, and the buffer is the message ``recv()`` returns."""
+
+    __slots__ = ("data", "done", "filled", "mask", "size", "words")
+
+    def __init__(self, size: int, mask: bytes) -> None:
+        self.size = size
+        self.mask = mask
+        self.data: bytearray | None = None
+        self.words: np.ndarray[tuple[int], np.dtype[np.uint32]] | None = None
+        self.filled = 0  # bytes written
+        self.done = 0  # bytes unmasked (a multiple of 4 until the last read)
+
+    @property
+    def left(self) -> int:
+        return self.size - self.filled
+
+    def write(self, piece: memoryview) -> bytearray | None:
+        """Add the next bytes; the unmasked payload once it is whole."""
+        data = self.data
+        if data is None:
+            data = self.data = bytearray(self.size)
+            self.words = np.frombuffer(data, dtype=np.uint32, count=self.size // 4)
+        end = self.filled + len(piece)
+        data[self.filled : end] = piece
+        self.filled = end
+        full = end & ~3
+        if full > self.done:
+            assert self.words is not None
+            self.words[self.done // 4 : full // 4] ^= np.frombuffer(self.mask, dtype=np.uint32)[0]
+            self.done = full
+        if end < self.size:
+            return None
+        self.words = None  # the buffer is no longer exported: it may be handed on
+        for i in range(self.done, end):  # the last 0-3 bytes
+            data[i] ^= self.mask[i & 3]
+        self.data = None
+        return data

@@ -1,7 +1,9 @@
 """The bridge's WebSocket adapter yields exactly the messages ``websockets`` alone would.
 
-The adapter meters headers, waits for grants, collects large payloads and takes whole binary
-messages past the library's parser (``GovernedConnection._direct``, ``_bypassable``). Whatever
+The adapter (our own asyncio protocol over the library's sans-I/O ``ServerProtocol``) meters
+headers, waits for grants, collects large payloads and takes whole binary messages past the
+library's parser (``GovernedConnection._direct``, ``_bypassable``, ``Payload``); the reference is
+plain ``websockets``' asyncio ``ServerConnection``. Whatever
 the mix of frames (binary and text, small and large, fragments, pings between them) and however
 the bytes are cut into reads, ``recv()`` must give the same messages in the same order as a plain
 ``websockets`` connection fed the same reads - up to a frame the library refuses (unmasked,
@@ -25,7 +27,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
 from bridge.governor import Governor
-from bridge.ws_impl import GovernedConnection
+from bridge.ws_conn import GovernedConnection
 from tests.support.ws_stub import governed_connection, open_connection
 
 READ_BYTES = 256 * 1024  # the event loop's largest read
@@ -77,7 +79,9 @@ def _message(draw: st.DrawFn) -> _Message:
     return _Message(frames, wire)
 
 
-async def _received(connection: ServerConnection, reads: list[bytes]) -> list[bytes | str]:
+async def _received(
+    connection: ServerConnection | GovernedConnection, reads: list[bytes]
+) -> list[bytes | str]:
     out: list[bytes | str] = []
     for read in reads:
         connection.data_received(read)
@@ -89,7 +93,7 @@ async def _received(connection: ServerConnection, reads: list[bytes]) -> list[by
                 if isinstance(connection, GovernedConnection):
                     size = len(message.encode() if isinstance(message, str) else message)
                     connection.take(size).release()
-                out.append(message)
+                out.append(bytes(message) if isinstance(message, bytearray) else message)
     return out
 
 

@@ -1,8 +1,12 @@
-"""A WebSocket server connection on a stub transport: no socket, no handshake, so a test (or
+"""A WebSocket server connection on a stub transport: no socket, so a test (or
 ``benchmarks.ws_small``) feeds it reads by hand and sees exactly what was queued and when.
 
-``open_connection(cls)`` gives any ``websockets`` server connection class past its handshake;
-``governed_connection(governor)`` gives the bridge's adapter on it, granting from ``governor``.
+``governed_connection(governor)`` gives the bridge's adapter (:class:`bridge.ws_conn.
+GovernedConnection`, our own asyncio protocol), granting from ``governor``, past a real opening
+handshake fed through its public door (``data_received``). ``open_connection(ServerConnection)``
+gives plain ``websockets``' asyncio connection past its handshake: the reference the differential
+fuzz test and the benchmark hold the adapter to (that one is set up through the library's
+internals; the bridge does not use it).
 """
 
 from __future__ import annotations
@@ -15,14 +19,36 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from bridge.governor import Governor
-from bridge.ws_impl import GovernedConnection
+from bridge.ws_conn import GovernedConnection
+
+UPGRADE = (
+    b"GET /v1/ingest HTTP/1.1\r\nHost: stub\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
 
 
 class StubTransport(asyncio.Transport):
     """Accepts writes, never pauses: the connection's bookkeeping without a socket."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+        self.closed = False
+
     def write(self, data: Any) -> None:
+        self.written.append(bytes(data))
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
         pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
 
     def is_closing(self) -> bool:
         return False
@@ -63,15 +89,15 @@ async def open_connection(cls: type[ServerConnection], max_size: int = 4 << 20) 
 async def governed_connection(
     governor: Governor, max_size: int = 4 << 20, *, hello_received: bool = True
 ) -> GovernedConnection:
-    """The bridge's adapter on that stub, granting from ``governor``; past its Hello (a first
-    message is forced in, not granted) unless ``hello_received`` is False."""
-
-    class Connection(GovernedConnection):
-        pass
-
-    Connection.governor = governor
-    connection = await open_connection(Connection, max_size)
-    assert isinstance(connection, GovernedConnection)
+    """The bridge's adapter on that stub, granting from ``governor``, past its opening handshake;
+    past its Hello (a first message is forced in, not granted) unless ``hello_received`` is
+    False."""
+    connection = GovernedConnection(governor, max_size=max_size, open_timeout=None)
+    transport = StubTransport()
+    connection.connection_made(transport)
+    connection.data_received(UPGRADE)
+    assert transport.written[0].startswith(b"HTTP/1.1 101"), transport.written
+    transport.written.clear()
     if hello_received:
         connection.meter.frames = 1
     return connection

@@ -1,8 +1,8 @@
 """A small message whose grant must wait is not taken past the governor by the direct path.
 
 ``GovernedConnection._direct`` queues whole small binary messages without the frame parser, but
-only with a grant at hand; otherwise the header goes to the parser, the payload stays unread
-until the grant, and the messages still come out whole and in order. A connection on a stub
+only with a grant at hand; otherwise the payload stays unread (and no buffer is allocated for
+it) until the grant, and the messages still come out whole and in order. A connection on a stub
 transport (no socket), so the test sees exactly what was queued and when.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from websockets.frames import Frame, Opcode
 
 from bridge.governor import Component, Governor
-from bridge.ws_impl import HELLO_BYTES
+from bridge.ws_conn import HELLO_BYTES
 from tests.support.ws_stub import governed_connection
 
 
@@ -27,9 +27,11 @@ async def test_a_message_waiting_for_its_grant_is_queued_only_once_granted(size:
     payloads = [os.urandom(size), os.urandom(size)]
     read = b"".join(Frame(Opcode.BINARY, p).serialize(mask=True, extensions=[]) for p in payloads)
     connection.data_received(read)
-    assert len(connection.recv_messages.frames) == 0  # nothing queued without a grant
+    assert not connection.messages  # nothing queued without a grant
     assert connection.waiter is not None and connection.stash  # the payload waits unread
-    assert len(connection.protocol.reader.buffer) == 0  # the parser has the header, no more
+    assert not connection.reading  # and the socket is not read meanwhile
+    # Its buffer is allocated once the grant arrives, not while it waits.
+    assert connection.payload is None or connection.payload.data is None
     hog.release()
     await asyncio.sleep(0)  # the grant resumes feeding on the next loop turn
     await asyncio.sleep(0)
