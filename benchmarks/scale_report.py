@@ -303,9 +303,13 @@ def plot(cells: Sequence[CellResult], host: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(2, len(loads), figsize=(5 * len(loads), 7), squeeze=False)
     for i, workload in enumerate(loads):
         rows = [c for c in cells if c.workload == workload]
-        procs = [c.procs for c in rows]
+        procs = sorted({c.procs for c in rows})
         ax = axes[0][i]
-        ax.plot(procs, [c.frames_per_s for c in rows], "o-")
+        for rnd in sorted({c.round for c in rows}):
+            mine = sorted((c for c in rows if c.round == rnd), key=lambda c: c.procs)
+            ax.plot(
+                [c.procs for c in mine], [c.frames_per_s for c in mine], "o-", label=f"round {rnd}"
+            )
         for c in rows:
             if c.gen_lagged:
                 ax.annotate("gen lagged", (c.procs, c.frames_per_s), fontsize=8)
@@ -313,14 +317,20 @@ def plot(cells: Sequence[CellResult], host: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("bridge processes N")
         ax.set_xticks(procs)
         ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         ax = axes[1][i]
-        x = range(len(rows))
-        loop = [c.loop_us_per_frame for c in rows]
-        ax.bar(x, loop, label="event loops")
-        ax.bar(x, [c.other_us_per_frame for c in rows], bottom=loop, label="other threads")
-        ax.set_xticks(list(x), [str(p) for p in procs])
-        ax.set_xlabel("bridge processes N")
+        means = [summary(cells, workload, n) for n in procs]
+        loop = [m.loop_us if m else 0.0 for m in means]
+        ax.bar(range(len(procs)), loop, label="event loops")
+        ax.bar(
+            range(len(procs)),
+            [m.other_us if m else 0.0 for m in means],
+            bottom=loop,
+            label="other threads",
+        )
+        ax.set_xticks(list(range(len(procs))), [str(p) for p in procs])
+        ax.set_xlabel("bridge processes N (mean over rounds)")
         ax.set_ylabel("bridge CPU us per frame")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3, axis="y")
