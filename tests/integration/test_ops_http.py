@@ -86,3 +86,19 @@ async def test_liveness_fails_once_the_event_loop_stops_turning() -> None:
         await asyncio.sleep(0.6)  # turning again
         status, _ = await http_get(bridge.ports.http, "/healthz")
         assert status == 200
+
+
+async def test_slow_clients_do_not_starve_the_probes() -> None:
+    """100 connections that never send a request (a slowloris) hold no slot a probe needs."""
+    async with running_bridge() as bridge:
+        assert bridge.ports is not None
+        idle = [socket.create_connection(("127.0.0.1", bridge.ports.http)) for _ in range(100)]
+        try:
+            answers: list[tuple[int, float]] = []
+            await asyncio.to_thread(_get_from_a_thread, bridge.ports.http, "/healthz", answers, 0)
+            assert answers[0][0] == 200 and answers[0][1] < 0.5, answers
+            status, _ = await http_get(bridge.ports.http, "/metrics")
+            assert status == 200
+        finally:
+            for sock in idle:
+                sock.close()
