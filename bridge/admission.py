@@ -7,7 +7,8 @@ waits per stream: a second frame of that stream waits for the first, which keeps
 order and stops reading a connection whose edge ignores PAUSE (the transport's own flow control
 then holds it). RESUME follows once the ring drained to its low watermark. The same happens
 session-wide while the transport waits for the memory governor to grant the next message.
-Each frame's charge is handed to its ring on acceptance, or released here exactly once.
+Each frame's charge is transferred to its ring on acceptance (or to the task that parks it), or
+released here when the ``with`` block that holds it ends.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ class Admission:
         self._send = send
         self.last_size = 0  # the last message's bytes: the session low watermark's unit
         self._parked: dict[str, asyncio.Future[None]] = {}  # stream -> taken (or given up)
-        self._park_tasks: set[asyncio.Task[None]] = set()
+        # Each parked frame's task and the charge transferred to it (released at close if the
+        # task was cancelled before it ran: its ``with`` block never started).
+        self._park_tasks: dict[asyncio.Task[None], Charge] = {}
         self._paused: set[str] = set()  # streams sent PAUSE and not yet RESUME
         self._flow_want = False  # session-wide PAUSE wanted (a receive grant is waiting)
         self._flow_sent = False
@@ -67,28 +70,19 @@ class Admission:
     async def admit(
         self, frame: pb.Frame, size: int, charge: Charge, points: memoryview | None = None
     ) -> None:
-        """Offer once; a full ring parks the frame on its own task (which takes over ``charge``)
-        and the caller goes on reading. Otherwise (accepted, a duplicate, an error, cancelled)
-        ``charge`` is taken by the ring or released here, exactly once."""
+        """Offer once; a full ring parks the frame on its own task (``charge`` is transferred
+        to it) and the caller goes on reading. Otherwise (accepted, a duplicate, an error,
+        cancelled) ``charge`` is transferred to the ring or released here."""
         stream_id = frame.stream_id
-        parked = self._parked.get(stream_id)
-        if parked is not None:
-            try:  # order within a stream: after the frame already waiting
+        with charge:
+            parked = self._parked.get(stream_id)
+            if parked is not None:  # order within a stream: after the frame already waiting
                 await asyncio.wait({parked})
-            except BaseException:
-                charge.release()
-                raise
-        state = {"taken": False}
-        try:
-            if self._offer(frame, size, charge, state, points) is Offer.FULL:
+            if self._offer(frame, size, charge, points) is Offer.FULL:
                 await self._pause(stream_id)
                 if self._edges.draining:
                     return  # not accepted, not acked: the edge resends it after reconnecting
-                self._park(frame, size, charge, points)
-                state["taken"] = True  # the parked task owns it now
-        finally:
-            if not state["taken"]:
-                charge.release()
+                self._park(frame, size, charge.transfer(), points)
 
     def on_grant_wait(self, waiting: bool) -> None:
         """Reading stopped for a memory grant: tell the whole session to pause (and resume).
@@ -109,23 +103,22 @@ class Admission:
         resends them), no more flow control is sent."""
         if self._flow_task is not None:
             self._flow_task.cancel()
-        for task in list(self._park_tasks):
+        parked = list(self._park_tasks.items())
+        for task, _ in parked:
             task.cancel()
-        if self._park_tasks:
-            await asyncio.gather(*self._park_tasks, return_exceptions=True)
+        if parked:
+            await asyncio.gather(*(task for task, _ in parked), return_exceptions=True)
+        for _, charge in parked:
+            if not charge.released:  # cancelled before its first step: never entered its with
+                charge.release()
 
     # -- offers ------------------------------------------------------------------------------
     def _offer(
-        self,
-        frame: pb.Frame,
-        size: int,
-        charge: Charge,
-        state: dict[str, bool],
-        points: memoryview | None,
+        self, frame: pb.Frame, size: int, charge: Charge, points: memoryview | None
     ) -> Offer:
+        """Offer the frame; ACCEPTED transfers ``charge`` to its ring."""
         outcome = self._core.offer(self._session, frame, size, time.time_ns(), charge, points)
         if outcome is Offer.ACCEPTED:
-            state["taken"] = True
             self._metrics.frames_accepted.inc()
         elif outcome is Offer.DUPLICATE:
             self._metrics.frames_duplicate.inc()
@@ -135,11 +128,11 @@ class Admission:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._parked[frame.stream_id] = done
         task = asyncio.create_task(self._parked_frame(frame, size, charge, points, done))
-        self._park_tasks.add(task)
+        self._park_tasks[task] = charge
         task.add_done_callback(self._park_done)
 
     def _park_done(self, task: asyncio.Task[None]) -> None:
-        self._park_tasks.discard(task)
+        self._park_tasks.pop(task, None)
         exc = None if task.cancelled() else task.exception()
         if exc is not None and not isinstance(exc, ConnectionError):
             log.error("parked frame failed: %r", exc)
@@ -155,12 +148,10 @@ class Admission:
         """Wait for room and offer until the ring takes the frame; the last one parked on a
         paused stream then sends its RESUME once the ring drained to its low watermark."""
         stream_id = frame.stream_id
-        state = {"taken": False}
         try:
-            await self._offer_until_taken(frame, size, charge, state, points)
+            with charge:  # the ring's once taken; released if the wait ends otherwise
+                await self._offer_until_taken(frame, size, charge, points)
         finally:
-            if not state["taken"]:
-                charge.release()
             # The frame's bytes now live exactly as long as their charge (the ring's, or
             # none): this task may wait a long time for the low watermark below, and an edge
             # that ignores PAUSE keeps a frame parked per stream, so holding them here kept
@@ -188,12 +179,10 @@ class Admission:
         frame: pb.Frame,
         size: int,
         charge: Charge,
-        state: dict[str, bool],
         points: memoryview | None,
     ) -> None:
         await self._until(
-            frame.stream_id,
-            lambda: self._offer(frame, size, charge, state, points) is not Offer.FULL,
+            frame.stream_id, lambda: self._offer(frame, size, charge, points) is not Offer.FULL
         )
 
     async def _until(self, stream_id: str, done: Callable[[], bool]) -> bool:

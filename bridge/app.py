@@ -369,6 +369,10 @@ class BridgeService:
             self._http = None
         # Joining worker threads blocks: off the loop (the loop guard in tests caught it).
         await asyncio.to_thread(self.pool.close, 2.0)
+        self.core.close()  # what the rings and sessions held goes back to the governor
+        if self.governor.debug:  # SIMBRIDGE_CHARGE_DEBUG (tests): nothing may be left...
+            scratch = self.capacity._scratch if self.capacity is not None else None
+            self.governor.check_all_released(standing=[scratch])  # ...but the kernel's scratch
 
 
 def _has(backend: str) -> bool:

@@ -115,7 +115,11 @@ class Reassembler:
         return len(self._partials)
 
     def feed(self, chunk: pb.FrameChunk, charge: Charge, now: float) -> Fed:
-        """Take one piece and its charge (released here unless it becomes part of a frame)."""
+        """Take one piece and its charge (released here unless transferred to a frame)."""
+        with charge:
+            return self._feed(chunk, charge, now)
+
+    def _feed(self, chunk: pb.FrameChunk, charge: Charge, now: float) -> Fed:
         fed = Fed()
         self._last_now = now
         fed.errors += self.expire(now)
@@ -146,7 +150,6 @@ class Reassembler:
                 frame=header,
             )
         if error is not None:
-            charge.release()
             fed.errors.append(error)
             return fed
         if partial is None:
@@ -155,9 +158,10 @@ class Reassembler:
             partial = self._partials[sid] = _Partial(seq, chunk.total_bytes, now, now)
         partial.touched = now
         partial.parts.append(chunk.data)
-        partial.charges.append(charge)
-        partial.charged += charge.nbytes
-        self._charged += charge.nbytes
+        held = charge.transfer()  # the incomplete frame's now
+        partial.charges.append(held)
+        partial.charged += held.nbytes
+        self._charged += held.nbytes
         partial.filled += len(chunk.data)
         if partial.filled == partial.total:
             del self._partials[sid]

@@ -208,6 +208,11 @@ class BridgeCore:
         if sessions:
             self._rebalance_rings()
 
+    def close(self) -> None:
+        """The bridge closed: every session is forgotten, its rings' and state's charges go
+        back to the governor (nothing is delivered any more)."""
+        self._forget(list(self.sessions.values()))
+
     def detach(self, session: Session, connection: object, now: float) -> None:
         """The connection ended; the session stays resumable until expired."""
         if session.connection is connection:
@@ -238,8 +243,9 @@ class BridgeCore:
         """Admit one frame of ``size`` wire bytes, or say why not (errors are raised).
 
         ``charge`` holds the frame's bytes in the governor (granted at receive); when the frame
-        is ACCEPTED the ring takes it over, otherwise the caller still owns it. Without one (unit
-        tests, tools) the ring charges the frame itself. ``data``: a large cloud's points when
+        is ACCEPTED it is transferred to the ring (the caller's handle is then moved), otherwise
+        the caller still owns it. Without one (unit tests, tools) the ring charges the frame
+        itself. ``data``: a large cloud's points when
         the transport kept them out of ``frame`` (:func:`codec.split_cloud_frame`).
         """
         stream = session.streams.get(frame.stream_id)
@@ -270,17 +276,18 @@ class BridgeCore:
         if frame.seq > stream.accepted_seq + 1:
             missing = frame.seq - stream.accepted_seq - 1
             gap = Gap(stream.accepted_seq + 1, frame.seq - 1, missing, "upstream")
-        own = charge if charge is not None else self.governor.force(Component.RING, size)
         result, evicted = stream.ring.admit(
-            frame.seq, size, (frame, layout, points, data), ingest_ns=now_ns, gap=gap, charge=own
+            frame.seq, size, (frame, layout, points, data), ingest_ns=now_ns, gap=gap
         )
         if evicted:
             self.listener.on_evicted(stream, len(evicted))
         if result is AdmitResult.FULL:
-            if charge is None:
-                own.release()
             return Offer.FULL
-        own.move(Component.RING)
+        stream.ring.hold_newest(  # the ring's own handle: the bridge, not the edge, owns it
+            charge.transfer(None, Component.RING)
+            if charge is not None
+            else self.governor.force(Component.RING, size)
+        )
         if gap is not None:
             stream.upstream_gap_frames += gap.count
         stream.conn_last_seq = frame.seq

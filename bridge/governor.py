@@ -48,7 +48,7 @@ import enum
 import logging
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -321,13 +321,19 @@ class Governor:
             self._leaked(f"{what} {owner!r} ended holding {_listed(left)}", len(left))
         return left
 
-    def check_all_released(self, what: str = "bridge closed") -> bool:
-        """The whole ledger is empty (a bridge closed): ``live_charges == 0``. A leak is
-        reported (debug mode: with what each holder kept) and False returned."""
-        if self.live_charges == 0:
+    def check_all_released(
+        self, what: str = "bridge closed", standing: Collection[Charge | None] = ()
+    ) -> bool:
+        """The whole ledger is empty (a bridge closed): ``live_charges == 0`` but for the
+        ``standing`` charges its owner keeps for the life of the process (the decimation
+        kernel's scratch). A leak is reported (debug mode: with what each holder kept) and
+        False returned."""
+        kept = sum(1 for c in standing if c is not None and not c.released)
+        if self.live_charges == kept:
             return True
-        held = [c for cs in (self._owned or {}).values() for c in cs]
-        self._leaked(f"{what} with {self.live_charges} live charges: {_listed(held)}", 0)
+        held = [c for cs in (self._owned or {}).values() for c in cs if c not in standing]
+        live = self.live_charges - kept
+        self._leaked(f"{what} with {live} live charges: {_listed(held)}", 0)
         return False
 
     # -- inspection ---------------------------------------------------------------------------

@@ -80,7 +80,7 @@ class GrpcTransport:
 
     async def _grant(self, nbytes: int) -> Charge:
         nbytes = min(nbytes, max(1, self.governor.admissible_bytes))
-        got = self.governor.request(Component.TRANSPORT, nbytes, self._granted)
+        got = self.governor.request(Component.TRANSPORT, nbytes, self._granted, self)
         if isinstance(got, Charge):  # the common case: no future, no wake-up
             return got
         if got is None:
@@ -107,27 +107,24 @@ class GrpcTransport:
     async def recv(self) -> Received | None:
         if self.first:  # the Hello never queues behind the data of others
             self.first = False
-            charge = self.governor.force(Component.TRANSPORT, _FIRST_GRANT)
+            charge = self.governor.force(Component.TRANSPORT, _FIRST_GRANT, self)
         else:
             charge = await self._grant(self.expected)
-        try:
-            data = await self.context.read()
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            charge.release()
-            return None
-        except BaseException:
-            charge.release()
-            raise
-        if data is grpc.aio.EOF:
-            charge.release()
-            return None
-        if len(data) > self.max_frame_bytes:
-            charge.release()
-            raise FrameTooLarge(f"message of {len(data)} bytes exceeds max {self.max_frame_bytes}")
-        raw = bytes(data)
-        charge.resize(len(raw))  # a larger message than granted is forced in (see above)
-        self.expected = max(len(raw), 1)
-        return Received(raw, charge)
+        with charge:  # released on every path but the message's, where it is transferred
+            try:
+                data = await self.context.read()
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                return None
+            if data is grpc.aio.EOF:
+                return None
+            if len(data) > self.max_frame_bytes:
+                raise FrameTooLarge(
+                    f"message of {len(data)} bytes exceeds max {self.max_frame_bytes}"
+                )
+            raw = bytes(data)
+            charge.resize(len(raw))  # a larger message than granted is forced in (see above)
+            self.expected = max(len(raw), 1)
+            return Received(raw, charge.transfer())
 
     async def send(self, data: bytes) -> None:
         try:
@@ -217,13 +214,14 @@ def build_server(
             )
             return  # abort raises; this line is for the type checker
         transport = GrpcTransport(context, governor, settings.max_frame_bytes)
-        try:
-            await edges.serve(transport, _bearer(context), _certificate_names(context))
-        except ProtocolError as exc:  # refused by the transport itself (size, memory grant)
-            metrics.refused("grpc", exc.reason)
-            await transport.reject(exc)
-        finally:
-            window.release()
+        with window:
+            try:
+                await edges.serve(transport, _bearer(context), _certificate_names(context))
+            except ProtocolError as exc:  # refused by the transport itself (size, memory grant)
+                metrics.refused("grpc", exc.reason)
+                await transport.reject(exc)
+            finally:
+                governor.end_owner(transport, "gRPC call")  # debug mode: no grant left behind
 
     async def subscribe(
         request_bytes: bytes, context: grpc.aio.ServicerContext[Any, Any]

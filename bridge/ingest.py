@@ -4,8 +4,9 @@ The WebSocket and gRPC adapters wrap each connection in an ``EdgeTransport`` and
 :meth:`EdgeRegistry.serve`; every rule lives in the core, so both transports behave identically.
 The registry owns what connections share: the live set, the per-stream "space freed" events, the
 ack wake-ups and the draining flag. Offers, PAUSE/RESUME and the frames waiting for room live in
-:mod:`bridge.admission`; each message's charge is handed to its ring on acceptance, or released
-exactly once.
+:mod:`bridge.admission`. Each message's charge is transferred from the transport to its
+connection (its owner tag), then to a ring on acceptance, or released when the ``with`` block
+that holds it ends; in debug mode the governor reports any the connection still owns at its end.
 """
 
 from __future__ import annotations
@@ -291,6 +292,8 @@ class EdgeConnection:
                 warden.cancel()
             if self._reporter is not None:
                 self._reporter.cancel()
+            if self._decoder is not None:  # a cloud decoding (or waiting for its grant)
+                await self._decoder.close()
             if self._admission is not None:  # parked frames release their charges
                 await self._admission.close()
             if self._uplink is not None:
@@ -300,6 +303,8 @@ class EdgeConnection:
                 core.detach(self.session, self, time.monotonic())
                 metrics.sessions.set(core.attached_sessions)
             metrics.connections.labels(transport).dec()
+            if self._governor is not None:  # debug mode: every charge of ours went somewhere
+                self._governor.end_owner(self)
 
     async def _first_message(self) -> Received | None:
         """The Hello, within the deadline, while at most ``max_pending_connections``
@@ -319,6 +324,9 @@ class EdgeConnection:
             await self._refuse(
                 HelloTimeout(f"no Hello within {config.hello_timeout_seconds:g} s"), fatal=True
             )
+            return None
+        except ProtocolError as exc:  # refused by the transport (a text message, the size)
+            await self._refuse(exc, fatal=True)
             return None
         finally:
             edges.pending -= 1
@@ -369,104 +377,95 @@ class EdgeConnection:
         admission = self._admission
         assert self.session is not None and admission is not None
         while True:
-            received = await self.transport.recv()
+            try:
+                received = await self.transport.recv()
+            except ProtocolError as exc:  # refused by the transport (a text message, the size)
+                assert self._decoder is not None
+                self._decoder.drop()  # as when reading fails: a cloud in flight is not admitted
+                await self._refuse(exc, fatal=True)
+                return
             if received is None:
                 return
             size = len(received.data)
             admission.last_size = size
             received_frames.inc()
             received_bytes.inc(size)
-            frame: pb.Frame | None = None
-            charge: Charge | None = received.charge
-            try:
-                data = received.data
-                del received
-                if codec.is_batch(data):
-                    spans = codec.batch_spans(data, limits)
-                    owned, charge = charge, None
-                    assert owned is not None
-                    if not await self._admit_batch(data, spans, owned):
-                        return
-                    continue
-                points: memoryview | None = None
-                msg: pb.EdgeMessage | None = None
-                split = codec.split_cloud_frame(data) if size >= SPLIT_DATA_BYTES else None
-                if split is not None:  # a large cloud: its points stay in the wire bytes
-                    frame, points = split
-                else:
-                    msg = codec.decode_edge(data, limits)
-                    if msg.WhichOneof("kind") not in ("frame", "chunk"):
-                        raise ProtocolViolation("Hello may only be sent once per connection")
-                del data  # the wire bytes: only the parsed frame (charged), or the points, stay
-                if self._edges.draining:
-                    continue  # not accepted, not acked: the edge resends it after reconnecting
-                assert charge is not None and self._uplink is not None
-                owned, charge = charge, None
-                now = time.monotonic()
-                if msg is None:
-                    assert frame is not None
-                    ready = self._uplink.take_split(frame, points, size, owned)
-                else:
-                    ready = self._uplink.take(msg, size, owned, now)
-                del points
-                if self._uplink.chunks.in_progress:
-                    assert self._warden is not None
-                    ready.errors += self._warden.held(now)
-                charge = ready.charge
-                for refused in ready.errors:
-                    await self._refuse(refused, fatal=False, frame=refused.frame)
-                if ready.frame is None or charge is None:
-                    continue
-                frame = ready.frame
-                owned, charge = charge, None
-                assert self._decoder is not None
-                await self._decoder.admit(frame, ready.size, owned, ready.points, ready.encoded)
+            try:  # the charge goes back before a refusal is sent: a refusal holds no data
+                with received.charge.transfer(self) as charge:  # ours now (the owner tag)
+                    data = received.data
+                    del received
+                    if codec.is_batch(data):
+                        await self._admit_batch(data, codec.batch_spans(data, limits), charge)
+                    else:
+                        await self._admit_one(data, size, charge)
             except ProtocolError as exc:
                 if exc.fatal:
                     await self._refuse(exc, fatal=True)
                     return
-                await self._refuse(exc, fatal=False, frame=frame or exc.frame)
-            finally:
-                if charge is not None:
-                    charge.release()
+                await self._refuse(exc, fatal=False, frame=exc.frame)
 
-    async def _admit_batch(self, data: bytes, spans: list[tuple[int, int]], charge: Charge) -> bool:
+    async def _admit_one(self, data: bytes | bytearray, size: int, charge: Charge) -> None:
+        """One message's frame (or chunk) through the uplink to admission; ``charge`` is
+        transferred on or released by the blocks that hold it. A refusal names the frame."""
+        assert self._uplink is not None and self._decoder is not None
+        uplink = self._uplink
+        frame: pb.Frame | None = None  # what a refusal names, once known
+        try:
+            # A large cloud's points stay in the wire bytes (split: the frame and the points).
+            split = codec.split_cloud_frame(data) if size >= SPLIT_DATA_BYTES else None
+            if split is None:
+                msg = codec.decode_edge(data, self._config.limits)
+                if msg.WhichOneof("kind") not in ("frame", "chunk"):
+                    raise ProtocolViolation("Hello may only be sent once per connection")
+            else:
+                frame = split[0]
+            del data  # the wire bytes: only the parsed frame (charged), or the points, stay
+            if self._edges.draining:
+                return  # not accepted, not acked: the edge resends it after reconnecting
+            now = time.monotonic()
+            with (
+                uplink.take(msg, size, charge, now)
+                if split is None
+                else uplink.take_split(*split, size, charge)
+            ) as ready:
+                del split
+                if uplink.chunks.in_progress:
+                    assert self._warden is not None
+                    ready.errors += self._warden.held(now)
+                for refused in ready.errors:
+                    await self._refuse(refused, fatal=False, frame=refused.frame)
+                if ready.frame is not None and ready.charge is not None:
+                    frame = ready.frame
+                    await self._decoder.admit(
+                        frame, ready.size, ready.charge, ready.points, ready.encoded
+                    )
+        except ProtocolError as exc:
+            exc.frame = frame or exc.frame
+            raise
+
+    async def _admit_batch(
+        self, data: bytes | bytearray, spans: list[tuple[int, int]], charge: Charge
+    ) -> None:
         """Each frame of a batch as if it came alone, in order: its own slice of the message's
-        charge, its own refusal. False when a fatal refusal ended the connection."""
-        limits = self._config.limits
-        last = len(spans) - 1
+        charge, its own refusal. A fatal refusal is raised (the rest of ``charge`` goes back
+        with the caller's block first)."""
+        limits, last = self._config.limits, len(spans) - 1
+        assert self._uplink is not None and self._decoder is not None
         for index, (start, end) in enumerate(spans):
-            part: Charge | None = (
-                charge if index == last else charge.split(min(end - start, charge.nbytes))
-            )
             frame: pb.Frame | None = None
+            part = charge if index == last else charge.split(min(end - start, charge.nbytes))
             try:
-                frame = codec.decode_frame(data, start, end, limits)
-                assert part is not None and self._uplink is not None
-                if self._edges.draining:
-                    part.release()
-                    continue
-                encoded = self._uplink.offload(frame)
-                size = end - start if encoded else self._uplink.decode(frame, end - start, part)
-                owned, part = part, None
-                assert self._decoder is not None
-                await self._decoder.admit(frame, size, owned, encoded=encoded)
+                with part:
+                    frame = codec.decode_frame(data, start, end, limits)
+                    if self._edges.draining:
+                        continue
+                    encoded = self._uplink.offload(frame)
+                    size = end - start if encoded else self._uplink.decode(frame, end - start, part)
+                    await self._decoder.admit(frame, size, part, encoded=encoded)
             except ProtocolError as exc:
-                if part is not None:
-                    part.release()
                 if exc.fatal:
-                    if index != last:
-                        charge.release()
-                    await self._refuse(exc, fatal=True)
-                    return False
+                    raise
                 await self._refuse(exc, fatal=False, frame=frame or exc.frame)
-            except BaseException:
-                if part is not None and not part.released:
-                    part.release()
-                if index != last and not charge.released:
-                    charge.release()
-                raise
-        return True
 
     def _on_grant_wait(self, waiting: bool) -> None:
         """Reading stopped (or resumed) for a memory grant: session-wide flow control."""

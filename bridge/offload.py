@@ -27,7 +27,7 @@ from bridge.v1 import bridge_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-#: Offer a frame to the core (takes over its charge: releases it unless a ring took it).
+#: Offer a frame to the core (its charge is transferred to a ring or released there).
 Admit = Callable[[pb.Frame, int, Charge, memoryview | None], Awaitable[None]]
 #: Report a refused frame to its sender (not fatal).
 Refuse = Callable[[ProtocolError], Awaitable[None]]
@@ -40,7 +40,9 @@ class OffLoopDecoder:
         self._uplink = uplink
         self._admit = admit
         self._refuse = refuse
-        self._pending: tuple[str, asyncio.Task[None]] | None = None  # (stream, decode + admit)
+        # (stream, decode + admit, the charge transferred to that task)
+        self._pending: tuple[str, asyncio.Task[None], Charge] | None = None
+        self._dropped: list[tuple[str, asyncio.Task[None], Charge]] = []
 
     async def admit(
         self,
@@ -50,20 +52,19 @@ class OffLoopDecoder:
         points: memoryview | None = None,
         encoded: bool = False,
     ) -> None:
-        """Admit ``frame`` (taking over ``charge``); when ``encoded``, decode it in a thread
-        first and return at once, leaving the admission in flight."""
-        pending = self._pending
-        try:
+        """Admit ``frame`` (its ``charge`` is transferred on, or released here); when
+        ``encoded``, decode it in a thread first and return at once, leaving the admission in
+        flight (``charge`` transferred to that task)."""
+        with charge:
+            pending = self._pending
             if pending is not None and (encoded or pending[0] == frame.stream_id):
                 await self.settle()
-        except BaseException:
-            charge.release()
-            raise
-        if not encoded:
-            await self._admit(frame, size, charge, points)
-            return
-        task = asyncio.create_task(self._decode_and_admit(frame, size, charge))
-        self._pending = (frame.stream_id, task)
+            if not encoded:
+                await self._admit(frame, size, charge, points)
+                return
+            mine = charge.transfer()
+            task = asyncio.create_task(self._decode_and_admit(frame, size, mine))
+            self._pending = (frame.stream_id, task, mine)
 
     async def settle(self) -> None:
         """Wait until the frame in flight (if any) is admitted or refused."""
@@ -73,38 +74,55 @@ class OffLoopDecoder:
 
     def drop(self) -> None:
         """The connection failed: the frame in flight is not admitted (nor acknowledged: the
-        edge resends it); its task releases its charge."""
+        edge resends it); its task releases its charge (:meth:`close` waits for that)."""
         pending, self._pending = self._pending, None
         if pending is not None:
             pending[1].cancel()
             pending[1].add_done_callback(
                 log_task_failure(log, "decoding a cloud off the event loop")
             )
+            self._dropped.append(pending)
+
+    async def close(self) -> None:
+        """The connection ended: drop the frame in flight and wait until its task is done; a
+        task cancelled before its first step never entered its ``with``: its charge goes here."""
+        self.drop()
+        dropped, self._dropped = self._dropped, []
+        if dropped:
+            await asyncio.gather(*(task for _, task, _ in dropped), return_exceptions=True)
+        for _, _, charge in dropped:
+            if not charge.released:
+                charge.release()
 
     async def _decode_and_admit(self, frame: pb.Frame, size: int, charge: Charge) -> None:
-        uplink = self._uplink
-        try:
-            plan = uplink.plan(frame, admitted=True)
-            assert plan is not None  # only frames Uplink.offload chose come here
-            if not await _grow(charge, plan.peak_bytes):
-                raise FrameNeverFits(
-                    f"decoding this cloud needs {plan.peak_bytes} bytes; the memory budget "
-                    f"admits at most {charge.governor.admissible_bytes}",
-                    frame=pb.Frame(stream_id=frame.stream_id, seq=frame.seq),
-                )
+        with charge:
             try:
-                encoded, decoded = await asyncio.to_thread(uplink.decode_data, frame, plan)
-            except ProtocolError:
-                uplink.refusals.refused(plan.decoded_bytes)
-                raise
-        except ProtocolError as exc:
-            charge.release()
-            await self._refuse(exc)
-            return
-        except BaseException:
-            charge.release()
+                size = await self._decode(frame, size, charge)
+            except ProtocolError as exc:
+                refused = exc
+            else:
+                await self._admit(frame, size, charge, None)
+                return
+        await self._refuse(refused)  # after the charge went back: a refusal holds no data
+
+    async def _decode(self, frame: pb.Frame, size: int, charge: Charge) -> int:
+        """Grow ``charge`` by the decode's declared peak, decode in a thread, shrink it to the
+        decoded frame; its size."""
+        uplink = self._uplink
+        plan = uplink.plan(frame, admitted=True)
+        assert plan is not None  # only frames Uplink.offload chose come here
+        if not await _grow(charge, plan.peak_bytes):
+            raise FrameNeverFits(
+                f"decoding this cloud needs {plan.peak_bytes} bytes; the memory budget "
+                f"admits at most {charge.governor.admissible_bytes}",
+                frame=pb.Frame(stream_id=frame.stream_id, seq=frame.seq),
+            )
+        try:
+            encoded, decoded = await asyncio.to_thread(uplink.decode_data, frame, plan)
+        except ProtocolError:
+            uplink.refusals.refused(plan.decoded_bytes)
             raise
-        await self._admit(frame, uplink.settle(size, encoded, decoded, charge), charge, None)
+        return uplink.settle(size, encoded, decoded, charge)
 
 
 async def _grow(charge: Charge, nbytes: int) -> bool:
@@ -122,7 +140,7 @@ async def _grow(charge: Charge, nbytes: int) -> bool:
         else:
             granted.set_result(got)
 
-    request = governor.request(charge.component, nbytes, on_grant)
+    request = governor.request(charge.component, nbytes, on_grant, charge.owner)
     if request is None:
         return False
     if isinstance(request, Charge):

@@ -319,20 +319,18 @@ class SinkPusher:
         """One message on the stream (a frame, or a batch of them), charged before it is joined
         and while written: :data:`PUSH_COPIES` copies (forced: this is what frees the budget;
         one push is in flight at a time, so it is bounded by PUSH_COPIES x the largest message)."""
-        charge = (
+        with (
             self.governor.force(Component.EGRESS, PUSH_COPIES * nbytes)
             if self.governor is not None
-            else None
-        )
-        try:
-            await call.write(b"".join(parts))
-        except asyncio.InvalidStateError:
-            # The sink ended the call while this write was due: the stream is gone, which the
-            # session loop handles like any sink failure (reconnect, replay), never by dying.
-            raise ConnectionError("sink push stream already finished") from None
-        finally:
-            if charge is not None:
-                charge.release()
+            else contextlib.nullcontext()
+        ):
+            try:
+                await call.write(b"".join(parts))
+            except asyncio.InvalidStateError:
+                # The sink ended the call while this write was due: the stream is gone, which
+                # the session loop handles like any sink failure (reconnect, replay), never by
+                # dying.
+                raise ConnectionError("sink push stream already finished") from None
         self._highest_sent = max(self._highest_sent, highest)
         if self._waiting_since is None:
             self._waiting_since = time.monotonic()

@@ -164,6 +164,10 @@ class StreamRing:
         self.stats.admitted += 1
         return AdmitResult.ACCEPTED, evicted
 
+    def hold_newest(self, charge: Held) -> None:
+        """The entry just accepted holds ``charge`` (taken over) until it leaves the ring."""
+        self._entries[-1].charge = charge
+
     def release_all(self) -> None:
         """The stream is forgotten: every entry's charge goes back to the governor."""
         for entry in self._entries:

@@ -66,6 +66,14 @@ class Ready:
     #: encoded size until then.
     encoded: bool = False
 
+    def __enter__(self) -> Ready:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """``with uplink.take(...) as ready:`` releases the charge unless it was handed on."""
+        if self.charge is not None and not self.charge.released:
+            self.charge.release()
+
 
 class Uplink:
     """Per connection: the codecs its Hello declared and its incomplete chunked frames."""
@@ -94,7 +102,8 @@ class Uplink:
             compress.spec_of(spec)
 
     def take(self, msg: pb.EdgeMessage, size: int, charge: Charge, now: float) -> Ready:
-        """One parsed message and its charge (taken over: released here or handed on)."""
+        """One parsed message and its charge (taken over: a piece's is transferred to its
+        incomplete frame, the rest is released here or returned in :class:`Ready`)."""
         ready = Ready()
         if msg.WhichOneof("kind") == "chunk":
             fed = self.chunks.feed(msg.chunk, charge, now)

@@ -14,6 +14,11 @@ phases only, after a warm-up (``tests/integration/test_loop_blocking.py``). Over
 (startup, first connections, teardown) it failed about every other run here, on one-off
 callbacks of 60-170 ms (first-use imports, handshakes under load) rather than steady work.
 Default loop only: uvloop runs Cython handles the guard cannot time.
+
+Charge debug mode (autouse fixture ``charge_debug``): every governor made during a test tracks its
+live charges per owner (``SIMBRIDGE_CHARGE_DEBUG=1``, inherited by child bridges too); the test
+fails when an in-process bridge reported a leak: a connection that ended still owning a charge,
+or a bridge that closed with live charges (``bridge.governor.LEAKS``).
 """
 
 from __future__ import annotations
@@ -49,6 +54,20 @@ def pytest_asyncio_loop_factories(
     if uvloop is not None and (everywhere or item.path.name in BOTH_LOOPS):
         factories["uvloop"] = uvloop.new_event_loop
     return factories
+
+
+@pytest.fixture(autouse=True)
+def charge_debug(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Charge debug mode on; no leak reported during the test (see the module docstring)."""
+    from bridge import governor
+
+    monkeypatch.setenv(governor.DEBUG_ENV, "1")
+    before = len(governor.LEAKS)
+    yield
+    leaks = governor.LEAKS[before:]
+    del governor.LEAKS[before:]
+    if leaks:
+        pytest.fail("memory charges leaked:\n  " + "\n  ".join(leaks), pytrace=False)
 
 
 @pytest.fixture

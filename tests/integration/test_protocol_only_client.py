@@ -550,11 +550,6 @@ async def test_refusals_that_end_the_connection(tmp_path: Path, transport: Trans
         assert oversize_details == f"message of {MAX_FRAME + 1} bytes exceeds max {MAX_FRAME}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bridge bug: a text WebSocket message is closed with 1007 but, unlike every other "
-    "fatal refusal §8 does not exempt, without the Error message first",
-)
 async def test_a_text_message_gets_an_error_before_the_close(tmp_path: Path) -> None:
     async with bridge(tmp_path) as b:
         edge = Edge("text", [lidar()], EDGE_TOKEN)
