@@ -57,6 +57,7 @@ log = logging.getLogger("bridge.ws")
 
 HELLO_BYTES = 64 * 1024  # a first message up to this size is read without waiting for a grant
 WHOLE_PAYLOAD_BYTES = 64 * 1024  # a data frame at least this large is collected in one piece
+WRITE_LIMIT = 32 * 1024  # bytes buffered for the socket before send() waits (websockets' default)
 _FINAL_BINARY = 0x80 | int(Opcode.BINARY)  # FIN, no RSV bits, binary: a whole message
 _DATA = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
 
@@ -142,6 +143,7 @@ class GovernedConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        transport.set_write_buffer_limits(WRITE_LIMIT)  # send() waits above it, as websockets'
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -213,6 +215,7 @@ class GovernedConnection(asyncio.Protocol):
         cut = end + 4 - len(self._tail)
         self._tail = b""
         self.protocol.receive_data(data[:cut])
+        self._send_data()  # a malformed request's answer, if any
         self._events()  # the Request: answered there
         if self.protocol.state is State.OPEN and len(data) > cut:
             self.stash.add(data[cut:])
@@ -417,7 +420,8 @@ class GovernedConnection(asyncio.Protocol):
             return
         whole = self.whole
         assert whole is not None
-        whole[self.collected : self.collected + take] = piece
+        with memoryview(whole) as into:  # not whole[...] = piece: that copies piece first
+            into[self.collected : self.collected + take] = piece
         del piece
         self.stash.skip(take)
         self.collected += take
