@@ -105,12 +105,13 @@ class WsServer:
     async def _close(self) -> None:
         assert self.server is not None
         self.server.close()
-        closing = [asyncio.ensure_future(c.close(CloseCode.GOING_AWAY)) for c in self.connections]
+        connections = list(self.connections)  # they leave the set as they close
+        closing = [asyncio.ensure_future(c.close(CloseCode.GOING_AWAY)) for c in connections]
         if closing:
             await asyncio.wait(closing)
-        tasks = [c.task for c in list(self.connections) if c.task is not None]
-        if tasks:
-            await asyncio.wait(tasks)
+        handlers = [c.task for c in connections if c.task is not None]
+        if handlers:
+            await asyncio.wait(handlers)
 
     async def wait_closed(self) -> None:
         assert self._closed is not None, "close() first"
