@@ -112,6 +112,11 @@ class OffLoopDecoder:
         plan = uplink.plan(frame, admitted=True)
         assert plan is not None  # only frames Uplink.offload chose come here
         if not await _grow(charge, plan.peak_bytes):
+            # Counted like a failed decode: an edge that keeps sending clouds whose decode can
+            # never be granted makes us read, parse and refuse each one (in the container, a
+            # flood of 64 KiB messages declaring 16 MiB clouds stalled the good edge 5.5 s and
+            # was never closed); past the budget its connection is closed (decode_budget).
+            uplink.refusals.refused(plan.decoded_bytes)
             raise FrameNeverFits(
                 f"decoding this cloud needs {plan.peak_bytes} bytes; the memory budget "
                 f"admits at most {charge.governor.admissible_bytes}",
