@@ -421,20 +421,20 @@ class Governor:
     def _transfer(self, charge: Charge, owner: object, component: Component | None) -> Charge:
         if charge.released:
             self._spent(charge, "transfer")
+        nbytes = charge.nbytes
+        if component is None or component is charge.component:
+            component = charge.component
+        else:  # the same bytes, another holder (a received frame enters its ring)
+            by_component = self.stats.by_component
+            by_component[charge.component] -= nbytes
+            by_component[component] += nbytes
         new = Charge(
-            self,
-            charge.component,
-            charge.nbytes,
-            charge.tier,
-            False,
-            charge.owner if owner is _KEEP else owner,
+            self, component, nbytes, charge.tier, False, charge.owner if owner is _KEEP else owner
         )
         charge.released = charge.moved = True
         if self._owned is not None:
             self._disown(charge)
             self._own(new)
-        if component is not None and component is not new.component:
-            self._move(new, component)
         return new
 
     def _add(self, charge: Charge, delta: int) -> None:
