@@ -28,14 +28,16 @@ from websockets.frames import Frame, Opcode
 
 from bridge.governor import Governor
 from bridge.memtrim import tune_allocator
-from bridge.ws_impl import GovernedConnection
+from bridge.ws_conn import GovernedConnection
 from tests.support.ws_stub import governed_connection, open_connection
 
 PER_READ = (1, 3, 8)
 READ_BYTES = 256 * 1024  # uvloop's largest socket read: what one data_received() gets at most
 
 
-async def cost_us(connection: ServerConnection, read: bytes, per_read: int, reads: int) -> float:
+async def cost_us(
+    connection: ServerConnection | GovernedConnection, read: bytes, per_read: int, reads: int
+) -> float:
     """CPU microseconds per message: ``reads`` times, one read in, every message received."""
     governed = isinstance(connection, GovernedConnection)
     start = time.process_time()

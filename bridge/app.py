@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from websockets.asyncio.server import Server as WsServer
 
 from bridge import codec
 from bridge.capacity import Capacity
@@ -44,7 +43,7 @@ from bridge.subscribers import SubscriberSet
 from bridge.tls import grpc_server_credentials
 from bridge.trimpolicy import HeapTrimPolicy
 from bridge.workers import WorkerPool
-from bridge.ws_impl import start_ws_server
+from bridge.ws_impl import WsServer, start_ws_server
 
 log = logging.getLogger("bridge.app")
 
