@@ -121,6 +121,15 @@ class Charge:
         ``component`` if given); this one is moved: any further use of it raises."""
         return self.governor._transfer(self, owner, component)
 
+    def adopt(self, owner: object) -> Charge:
+        """These bytes now belong to ``owner`` (a transport hands a message to its connection):
+        in debug mode a :meth:`transfer` (the ledger re-tagged, this handle moved); otherwise
+        this handle, re-tagged in place (no ledger to update, nothing allocated per message)."""
+        if self.governor._owned is not None or self.released:
+            return self.governor._transfer(self, owner, None)
+        self.owner = owner
+        return self
+
     def __enter__(self) -> Charge:
         if self.released:
             self.governor._spent(self, "with")

@@ -391,7 +391,7 @@ class EdgeConnection:
             received_frames.inc()
             received_bytes.inc(size)
             try:  # the charge goes back before a refusal is sent: a refusal holds no data
-                with received.charge.transfer(self) as charge:  # ours now (the owner tag)
+                with received.charge.adopt(self) as charge:  # ours now (the owner tag)
                     data = received.data
                     del received
                     if codec.is_batch(data):

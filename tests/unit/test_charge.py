@@ -113,3 +113,16 @@ def test_debug_mode_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     off = Governor(10)
     off.force(T, 1, owner="conn")
     assert off.end_owner("conn") == [] and off.live_of("conn") == []  # not tracked: no cost
+
+
+def test_adopt_retags_in_place_unless_the_ledger_is_kept() -> None:
+    plain = Governor(100, debug=False)
+    charge = plain.force(T, 10, owner="transport")
+    assert charge.adopt("conn") is charge and charge.owner == "conn"
+    charge.release()
+    gov = Governor(100, debug=True)
+    old = gov.force(T, 10, owner="transport")
+    new = old.adopt("conn")
+    assert old.moved and new.owner == "conn" and gov.live_of("transport") == []
+    assert gov.live_of("conn") == [new]
+    new.release()
