@@ -55,8 +55,11 @@ class OffLoopDecoder:
         """Admit ``frame`` (its ``charge`` is transferred on, or released here); when
         ``encoded``, decode it in a thread first and return at once, leaving the admission in
         flight (``charge`` transferred to that task)."""
+        pending = self._pending
+        if pending is None and not encoded:  # the common case: admission holds it from here
+            await self._admit(frame, size, charge, points)
+            return
         with charge:
-            pending = self._pending
             if pending is not None and (encoded or pending[0] == frame.stream_id):
                 await self.settle()
             if not encoded:
