@@ -103,6 +103,12 @@ class BenchSink:
         await self._bridge_push(requests, context, batched=True)
 
     async def _bridge_push(self, requests: Any, context: Any, *, batched: bool = False) -> None:
+        metadata = dict(context.invocation_metadata() or ())
+        if "x-simbridge-device" in metadata:
+            # A bridge asking one device's watermarks before it welcomes it (docs/protocol.md
+            # section 10): this sink holds none; not one of the bridge's push streams.
+            await context.write(pb.SinkAck(bridge_seq=0).SerializeToString())
+            return
         self.bridge_streams += 1
         high = 0
         unacked = 0

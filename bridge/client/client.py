@@ -441,29 +441,13 @@ class EdgeClient:
                 drain = self._handle(msg)
                 self._notify()
                 if drain is not None:
-                    await cancel_and_wait(sender)
-                    return await self._read_after_drain(conn, drain)
+                    return drain
                 if self._fatal is not None:
                     await self._read_to_end(conn)
                     return None
             return None
         finally:
             await cancel_and_wait(sender)
-
-    async def _read_after_drain(self, conn: Connection, delay: float) -> float:
-        """After a Drain the bridge still delivers what it holds and sends the final acks
-        before it closes: read them for up to ``delay`` (sending nothing more), so the next
-        Hello's delivered_seq is current and frames delivered meanwhile are not resent (to
-        another replica, they would reach the sink twice). Returns what is left of ``delay``."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + delay
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(delay):
-                while (msg := await conn.recv()) is not None:
-                    if msg.WhichOneof("kind") == "ack":
-                        self.core.on_ack(msg.ack, time.time_ns())
-                        self._notify()
-        return max(0.0, end - loop.time())
 
     def _handle(self, msg: pb.BridgeMessage) -> float | None:
         kind = msg.WhichOneof("kind")
