@@ -78,6 +78,7 @@ class OpsHttpServer:
         self._beat_task: asyncio.Task[None] | None = None
         self._last_beat = time.monotonic()
         self._open = 0
+        self._handlers: set[asyncio.Task[Any]] = set()
 
     async def start(self, host: str, port: int) -> int:
         """Listen on a thread of its own; the bound port (OSError when it cannot listen)."""
@@ -121,9 +122,19 @@ class OpsHttpServer:
             bridge.call_soon_threadsafe(_settle, started, bound, None)
             loop.run_forever()
             self._server.close()
+            loop.run_until_complete(self._finish_handlers())
             loop.run_until_complete(self._server.wait_closed())
         finally:
             loop.close()
+
+    async def _finish_handlers(self) -> None:
+        """Cancel and await every open connection's handler before this loop closes: a handler
+        left pending (a slow client's read) would keep its socket open until garbage collection,
+        which then runs its ``finally`` against a closed loop."""
+        pending = [t for t in self._handlers if not t.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     # -- the bridge loop's side ------------------------------------------------------------------
     async def _beat(self) -> None:
@@ -193,6 +204,10 @@ class OpsHttpServer:
             return 503, "text/plain", b"the event loop did not answer in time\n"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
         self._open += 1
         try:
             if self._open > MAX_CONNECTIONS:

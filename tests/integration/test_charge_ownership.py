@@ -88,12 +88,25 @@ async def test_a_parked_frame_is_released_when_its_connection_ends() -> None:
     async with running_bridge(ring_budget_bytes=8 * MiB, sink_address="127.0.0.1:9") as service:
         async with edge(service, hello("parked", *streams)) as (ws, owner):
             got: list[pb.BridgeMessage] = []
+            lidar = service.core.by_device["parked"].streams["lidar"]
+
+            def paused() -> bool:
+                return any(m.flow_control.stream_id == "lidar" for m in got)
+
             for seq in range(1, 41):  # 480 KB each: the ring holds fewer than 4
                 frame = cloud_frame("lidar", seq, n=40_000)
-                await ws.send(pb.EdgeMessage(frame=frame).SerializeToString())
-                with suppress(TimeoutError):
-                    got.append(pb.BridgeMessage.FromString(await asyncio.wait_for(ws.recv(), 0.2)))
-                if any(m.flow_control.stream_id == "lidar" for m in got):
+                # One frame at a time, each taken or parked before the next: sent ahead, the
+                # frames behind a parked one filled the socket and blocked this send for good
+                # (CI on f3944c3 hung here 120 s on a loaded machine).
+                await asyncio.wait_for(ws.send(pb.EdgeMessage(frame=frame).SerializeToString()), 10)
+                for _ in range(50):
+                    with suppress(TimeoutError):
+                        got.append(
+                            pb.BridgeMessage.FromString(await asyncio.wait_for(ws.recv(), 0.2))
+                        )
+                    if paused() or lidar.accepted_seq == seq:
+                        break
+                if paused():
                     break
             pause = [m.flow_control for m in got if m.WhichOneof("kind") == "flow_control"]
             assert pause and pause[0].stream_id == "lidar"

@@ -102,3 +102,32 @@ async def test_slow_clients_do_not_starve_the_probes() -> None:
         finally:
             for sock in idle:
                 sock.close()
+
+
+async def test_closing_ends_every_open_connection_on_its_own_loop() -> None:
+    """CI (f3944c3): the slowloris test's idle connections left their handlers pending when the
+    ops loop closed; garbage collection later ran their ``finally`` against the closed loop
+    (82 "Event loop is closed" warnings, blamed on whichever test ran then). Closing must end
+    every connection itself: each idle client reads EOF, and collection finds nothing pending."""
+    import gc
+    import sys
+
+    caught: list[str] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda u: caught.append(f"{u.exc_value!r} in {u.object!r}")
+    try:
+        async with running_bridge() as bridge:
+            assert bridge.ports is not None
+            idle = [socket.create_connection(("127.0.0.1", bridge.ports.http)) for _ in range(20)]
+            await asyncio.sleep(0.2)  # every connection accepted, each handler reading
+        try:
+            for sock in idle:
+                sock.settimeout(2.0)
+                assert sock.recv(16) == b"", "the server left a connection open"
+        finally:
+            for sock in idle:
+                sock.close()
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+    assert caught == [], caught[:3]
