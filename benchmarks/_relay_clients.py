@@ -26,8 +26,8 @@ from benchmarks._relay_common import (
     Conn,
 )
 from benchmarks._relay_servers import RELAY_INGEST_METHOD, grpc_options
-from bridge.batches import edge_batch
 from bridge.client.payload import PreparedPayload, encode_frame
+from bridge.protocol.batches import edge_batch
 from bridge.v1 import bridge_pb2 as pb
 
 

@@ -1,5 +1,6 @@
 """What every part of the relay benchmark shares: the matrix and size constants, the sink-side
-scan of a ProcessedFrame (field numbers from the generated descriptors, via :mod:`bridge.wire`),
+scan of a ProcessedFrame (field numbers from the generated descriptors, via
+:mod:`bridge.protocol.wire`),
 the per-connection accounting, the configuration and one cell's result."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bridge.protocol.wire import WIRE_LEN, WIRE_VARINT, decode_varint, field_number, key_byte
 from bridge.v1 import bridge_pb2 as pb
-from bridge.wire import WIRE_LEN, WIRE_VARINT, decode_varint, field_number, key_byte
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20

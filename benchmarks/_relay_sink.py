@@ -20,8 +20,8 @@ from benchmarks._relay_common import (
     scan_processed,
 )
 from benchmarks._relay_servers import RAW_SINK_METHOD, grpc_options
+from bridge.protocol.wire import field_key, repeated_spans
 from bridge.v1 import bridge_pb2 as pb
-from bridge.wire import field_key, repeated_spans
 
 SINK_PUSH_BATCH_METHOD = SINK_PUSH_METHOD + "Batch"
 _IN_BATCH_KEY = field_key(pb.ProcessedFrameBatch.DESCRIPTOR, "frames")

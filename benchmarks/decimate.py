@@ -44,8 +44,8 @@ from benchmarks.decimate_peers import (
     use_server_allocator,
 )
 from benchmarks.hostinfo import cpu_description
-from bridge.cloud import CloudLayout, make_layout
 from bridge.decimate.backends import available_backends, get_decimator
+from bridge.protocol.cloud import CloudLayout, make_layout
 from tests.support.clouds import lidar_like, read_frame, uniform
 
 XYZ_LAYOUT = make_layout(12, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7)])

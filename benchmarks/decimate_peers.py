@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from bridge.cloud import CloudLayout
+from bridge.protocol.cloud import CloudLayout
 
 REPO = Path(__file__).resolve().parents[1]
 HARNESS_SRC = Path(__file__).with_name("pcl_voxelgrid.cpp")
@@ -80,11 +80,11 @@ _PEER_ENV: dict[str, str] = {}  # environment added for the PCL harness (use_ser
 
 
 def use_server_allocator() -> str:
-    """The allocator policy of ``simbridge serve`` (bridge.memtrim.tune_allocator) for this
+    """The allocator policy of ``simbridge serve`` (bridge.server.memtrim.tune_allocator) for this
     process, and the same for PCL's harness (``GLIBC_TUNABLES``): the in-service rows measure
     the service as it runs, and every method gets the same allocator. Untuned, glibc trimmed
     and faulted in a 100k-point frame's output again on most calls."""
-    from bridge.memtrim import MMAP_THRESHOLD, TRIM_THRESHOLD, tune_allocator
+    from bridge.server.memtrim import MMAP_THRESHOLD, TRIM_THRESHOLD, tune_allocator
 
     if not tune_allocator():
         return "glibc defaults (no mallopt here)"
@@ -188,7 +188,7 @@ def interleaved_peers(
 def _service_item(layout: CloudLayout, data: bytes, voxel: float) -> Any:
     """A work item as a worker gets it: a large cloud's header apart from a view of its points
     in the wire bytes (codec.split_cloud_frame), a small one parsed."""
-    from bridge.codec import split_cloud_frame
+    from bridge.protocol.codec import split_cloud_frame
     from bridge.v1 import bridge_pb2 as pb
 
     frame = pb.Frame(stream_id="bench", seq=1, capture_time_ns=1)
@@ -221,7 +221,7 @@ def service_vs_bare(layout: CloudLayout, data: bytes, voxel: float, repeats: int
     timed minutes apart on a shared machine): median over median of ``repeats`` pairs."""
     from bridge.decimate import _native, get_decimator
     from bridge.decimate.native_table import field_table
-    from bridge.processing import process_frame
+    from bridge.server.processing import process_frame
 
     item = _service_item(layout, data, voxel)
     decimator = get_decimator("c", threads=1)
@@ -251,7 +251,7 @@ def service_timed(
     """The bridge worker's whole job for one frame (``processing.process_frame``): the parsed
     Frame in, the serialized ProcessedFrame out, C backend, ``threads`` kernel threads."""
     from bridge.decimate import get_decimator
-    from bridge.processing import process_frame
+    from bridge.server.processing import process_frame
     from bridge.v1 import bridge_pb2 as pb
 
     item = _service_item(layout, data, voxel)

@@ -36,8 +36,8 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, WebSocketException
 
-from bridge import compress
-from bridge.cloud import make_layout
+from bridge.protocol import compress
+from bridge.protocol.cloud import make_layout
 from bridge.v1 import bridge_pb2 as pb
 
 MiB = 1 << 20
@@ -125,7 +125,8 @@ def quantized_bomb(declared_bytes: int, min_encoded: int = 1024) -> bytes:
     ``declared_bytes // 12`` points that is at least ``min_encoded`` bytes on the wire: all points
     at the origin except the first ``k`` random ones, ``k`` the least that reaches
     ``min_encoded`` (found by doubling, then bisection). ~1 KB encodes ~16 MiB; 64 KiB is the
-    size from which the bridge decodes off its event loop (``bridge.uplink.OFFLOAD_BYTES``)."""
+    size from which the bridge decodes off its event loop
+    (``bridge.server.uplink.OFFLOAD_BYTES``)."""
     points = declared_bytes // STRIDE
     layout = _xyz_layout()
     spec = compress.CodecSpec(compress.QUANTIZED, BOMB_STEP)

@@ -307,8 +307,8 @@ def codec_table() -> list[dict[str, Any]]:
     """Encode and decode of each codec alone, in this process (CPU time, median of 5)."""
     import numpy as np
 
-    from bridge import compress
-    from bridge.cloud import make_layout
+    from bridge.protocol import compress
+    from bridge.protocol.cloud import make_layout
 
     rows = []
     for name, intensity, spec in [

@@ -2,7 +2,7 @@
 
 Why: its parser keeps unread bytes in a bytearray grown by reallocation, so a frame fed read by
 read is copied again and again; the bridge's WebSocket adapter therefore hands a large payload
-over in one piece (``bridge.ws_impl.GovernedConnection``), or, for a whole binary message,
+over in one piece (``bridge.server.ws_impl.GovernedConnection``), or, for a whole binary message,
 unmasks it itself without the parser (``python -m benchmarks.ws_small --size 1200000``). This
 prints the cost per frame for each piece size, side by side in one run (CPU time of this
 process, median of rounds), with glibc's allocator tuned as ``simbridge serve`` tunes it
@@ -21,7 +21,7 @@ import time
 from websockets.frames import Frame, Opcode
 from websockets.protocol import Protocol, Side, State
 
-from bridge.memtrim import tune_allocator
+from bridge.server.memtrim import tune_allocator
 
 PIECES = (16 * 1024, 64 * 1024, 256 * 1024)  # 256 KiB: the event loop's largest read
 

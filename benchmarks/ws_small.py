@@ -1,7 +1,8 @@
 """What receiving one WebSocket message costs: the bridge's adapter against ``websockets``.
 
 Why: at 1 KB a message the bridge's own work per frame is small enough that the WebSocket layer
-shows. The adapter (``bridge.ws_impl.GovernedConnection``) meters every frame header, asks the
+shows. The adapter (``bridge.server.ws_impl.GovernedConnection``) meters every frame header, asks
+the
 memory governor for each payload and, for a whole binary message, unmasks and queues it without
 the library's frame parser (a large one once its reads are collected). This feeds both
 connection classes the same reads (1, 3 or 8 masked messages each, as a closed-loop edge's reads
@@ -26,9 +27,9 @@ import time
 from websockets.asyncio.server import ServerConnection
 from websockets.frames import Frame, Opcode
 
-from bridge.governor import Governor
-from bridge.memtrim import tune_allocator
-from bridge.ws_conn import GovernedConnection
+from bridge.server.governor import Governor
+from bridge.server.memtrim import tune_allocator
+from bridge.server.ws_conn import GovernedConnection
 from tests.support.ws_stub import governed_connection, open_connection
 
 PER_READ = (1, 3, 8)

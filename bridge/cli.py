@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 
 from bridge import logs
-from bridge import settings as settings_mod
-from bridge.errors import BridgeError, ConfigError
+from bridge.config import settings as settings_mod
+from bridge.protocol.errors import BridgeError, ConfigError
 
 log = logging.getLogger("bridge.cli")
 
@@ -55,7 +55,7 @@ def _serve(argv: list[str]) -> int:
     for line in unknown:
         log.warning("%s", line)
     if settings.tune_allocator:
-        from bridge.memtrim import tune_allocator
+        from bridge.server.memtrim import tune_allocator
 
         tune_allocator()
     try:
@@ -101,7 +101,7 @@ def ports_in_use(settings: settings_mod.Settings) -> list[str]:
 
 
 async def _serve_async(settings: settings_mod.Settings) -> bool:
-    from bridge.app import BridgeService
+    from bridge.server.app import BridgeService
 
     service = BridgeService(settings)
     loop = asyncio.get_running_loop()

@@ -40,7 +40,7 @@ class CloudData(NamedTuple):
         return len(self.data) // self.stride
 
     def layout_triples(self) -> list[tuple[str, int, int]]:
-        """``(name, offset, type)`` triples, the input of ``bridge.cloud.make_layout``."""
+        """``(name, offset, type)`` triples, the input of ``bridge.protocol.cloud.make_layout``."""
         return [(f.name, f.offset, f.type) for f in self.fields]
 
     def to_proto(self, frame_id: str = "lidar") -> pb.PointCloud:

@@ -327,7 +327,7 @@ def override(s: Scenario, *, duration_s: float | None = None) -> Scenario:
 
 
 def _check_bridge_settings(extra: dict[str, Any]) -> list[str]:
-    from bridge.settings import Settings
+    from bridge.config.settings import Settings
 
     known = set(Settings.__dataclass_fields__)
     managed = {"host", "ws_port", "grpc_port", "http_port", "sink_address", "adapt"}

@@ -23,9 +23,9 @@ from typing import Any
 
 import grpc
 
-from bridge.batches import frames_of
-from bridge.session import ROUTING_HEADER
-from bridge.sinkstream import serve_push
+from bridge.protocol.batches import frames_of
+from bridge.protocol.sinkstream import serve_push
+from bridge.server.session import ROUTING_HEADER
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
 from loadgen.record import FrameRecord, RecordFile, SinkRecord, encode

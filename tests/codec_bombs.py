@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import zstandard
 
-from bridge import compress
-from bridge.cloud import make_layout
+from bridge.protocol import compress
+from bridge.protocol.cloud import make_layout
 from bridge.v1 import bridge_pb2 as pb
 
 FIELDS = [("x", 0, pb.FLOAT32), ("y", 4, pb.FLOAT32), ("z", 8, pb.FLOAT32)]

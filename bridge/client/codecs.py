@@ -2,17 +2,17 @@
 
 Why at prepare time: the resend buffer then holds the encoded (smaller) frame, and a frame that
 is resent after a reconnect is not encoded twice. The codecs themselves live in
-:mod:`bridge.compress`, shared with the bridge that decodes them.
+:mod:`bridge.protocol.compress`, shared with the bridge that decodes them.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from bridge import compress, wire
 from bridge.client.payload import PreparedPayload
-from bridge.cloud import make_layout
-from bridge.errors import CodecError
+from bridge.protocol import compress, wire
+from bridge.protocol.cloud import make_layout
+from bridge.protocol.errors import CodecError
 from bridge.v1 import bridge_pb2 as pb
 
 CloudCodec = Literal["none", "zstd", "quantized"]

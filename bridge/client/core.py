@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from bridge.client.codecs import CloudCodec, codec_spec, encode_payload
 from bridge.client.payload import Kind, Payload, PreparedPayload, frame_head
-from bridge.compress import CodecSpec
+from bridge.protocol.compress import CodecSpec
 from bridge.v1 import bridge_pb2 as pb
 
 Overflow = Literal["default", "backpressure", "drop_oldest"]

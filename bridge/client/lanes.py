@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridge import wire
 from bridge.client.core import EdgeCore, Entry
+from bridge.protocol import wire
 from bridge.v1 import bridge_pb2 as pb
 
 DEFAULT_CHUNK_BYTES = 32 * 1024

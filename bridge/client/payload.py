@@ -2,7 +2,8 @@
 
 Why prepared bytes: a 1 MB cloud serialized per frame costs about a millisecond; a frame built from
 prepared bytes is a header plus one concatenation. The splices (``Frame.point_cloud``,
-``PointCloud.data``, ``EdgeMessage.frame``) take their field keys from :mod:`bridge.wire`, which
+``PointCloud.data``, ``EdgeMessage.frame``) take their field keys from :mod:`bridge.protocol.wire`,
+which
 derives them from the generated descriptors, so a renumbered field cannot silently break them.
 
 Accepted payloads, by stream kind:
@@ -27,8 +28,8 @@ import numpy.typing as npt
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
-from bridge import wire
-from bridge.cloud import FieldType, make_layout
+from bridge.protocol import wire
+from bridge.protocol.cloud import FieldType, make_layout
 from bridge.v1 import bridge_pb2 as pb
 
 Kind = Literal["point_cloud", "telemetry"]
@@ -80,7 +81,8 @@ class PreparedPayload:
         """Encode ``payload``; ``kind`` says how to read ``bytes`` (default: a telemetry blob).
 
         Raises ``TypeError`` for a payload that does not fit ``kind`` and ``ValueError``
-        (``bridge.errors.InvalidLayout``) for an array whose layout the bridge would refuse.
+        (``bridge.protocol.errors.InvalidLayout``) for an array whose layout the bridge would
+        refuse.
         """
         if isinstance(payload, PreparedPayload):
             prepared = payload

@@ -13,10 +13,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from bridge import batches
 from bridge.client.core import EdgeCore, EdgeStats, Entry
 from bridge.client.lanes import CHUNK_OVERHEAD, LaneScheduler
 from bridge.client.transport import Connection
+from bridge.protocol import batches
 from bridge.v1 import bridge_pb2 as pb
 
 log = logging.getLogger(__name__)

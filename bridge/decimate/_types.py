@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
-from bridge.cloud import XYZ, CloudLayout, FieldType
-from bridge.errors import BridgeError
+from bridge.protocol.cloud import XYZ, CloudLayout, FieldType
+from bridge.protocol.errors import BridgeError
 
 #: Keys are computed in float32 for float32 clouds, so float32(voxel_size) must be usable.
 _F32_MAX = 3.4028234663852886e38
@@ -119,5 +119,7 @@ def check_max_points(max_points: int) -> int:
 
 def check_layout(layout: CloudLayout) -> CloudLayout:
     if not isinstance(layout, CloudLayout):
-        raise ValueError(f"layout must be a bridge.cloud.CloudLayout, got {type(layout).__name__}")
+        raise ValueError(
+            f"layout must be a bridge.protocol.cloud.CloudLayout, got {type(layout).__name__}"
+        )
     return layout

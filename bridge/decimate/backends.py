@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from bridge.cloud import CloudLayout
 from bridge.decimate import reference
 from bridge.decimate._types import BackendUnavailable, DecimationResult, Decimator
 from bridge.decimate.budget import run_with_budget
+from bridge.protocol.cloud import CloudLayout
 
 log = logging.getLogger("bridge.decimate")
 

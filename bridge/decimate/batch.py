@@ -13,8 +13,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from bridge.cloud import CloudLayout
 from bridge.decimate._types import DecimationResult, Decimator
+from bridge.protocol.cloud import CloudLayout
 
 
 @dataclass

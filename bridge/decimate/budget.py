@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bridge.cloud import XYZ, CloudLayout, field_view, point_count
 from bridge.decimate import reference
 from bridge.decimate._types import (
     DecimationResult,
@@ -18,6 +17,7 @@ from bridge.decimate._types import (
     keys_in_float32,
 )
 from bridge.decimate.ladder import fit_budget
+from bridge.protocol.cloud import XYZ, CloudLayout, field_view, point_count
 
 
 def _extent(layout: CloudLayout, data: bytes | memoryview) -> Callable[[], float]:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bridge.cloud import CloudLayout
 from bridge.decimate._types import (
     BackendUnavailable,
     DecimationResult,
@@ -23,6 +22,7 @@ from bridge.decimate._types import (
 )
 from bridge.decimate.budget import run_with_budget
 from bridge.decimate.native_table import field_table
+from bridge.protocol.cloud import CloudLayout
 
 ABI_VERSION = 1
 SBV_OK, SBV_EINVAL, SBV_EOVERFLOW, SBV_ENOMEM, SBV_EDEVICE = range(5)

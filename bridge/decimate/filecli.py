@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bridge.cloud import CloudLayout, FieldType, make_layout
 from bridge.decimate._types import BackendUnavailable
 from bridge.decimate.backends import get_decimator
+from bridge.protocol.cloud import CloudLayout, FieldType, make_layout
 
 _TYPE_CODES = {np.dtype(ft.dtype).newbyteorder("="): ft for ft in FieldType}
 

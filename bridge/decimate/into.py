@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bridge.cloud import CloudLayout
 from bridge.decimate._types import Decimator
+from bridge.protocol.cloud import CloudLayout
+from bridge.protocol.wire import field_key, length_prefix
 from bridge.v1 import bridge_pb2 as pb
-from bridge.wire import field_key, length_prefix
 
 _CLOUD_KEY = field_key(pb.ProcessedFrame.DESCRIPTOR, "point_cloud")
 _DATA_KEY = field_key(pb.PointCloud.DESCRIPTOR, "data")

@@ -8,11 +8,11 @@ parallel; ``threads`` additionally splits one cloud across that many kernel thre
 
 from __future__ import annotations
 
-from bridge.cloud import CloudLayout
 from bridge.decimate import _native
 from bridge.decimate._types import DecimationResult, VoxelKeyOverflow, check_layout
 from bridge.decimate.budget import run_with_budget
 from bridge.decimate.native_table import field_table
+from bridge.protocol.cloud import CloudLayout
 
 
 class CDecimator:

@@ -6,8 +6,8 @@ native/simbridge_voxel.h.
 
 from __future__ import annotations
 
-from bridge.cloud import XYZ, CloudLayout
 from bridge.decimate._types import per_layout
+from bridge.protocol.cloud import XYZ, CloudLayout
 
 #: Field roles in the kernel's field table (native/simbridge_voxel.h, ``SBV_ROLE_*``).
 ROLE_VALUE, ROLE_COLOR, ROLE_X, ROLE_Y, ROLE_Z = 0, 1, 2, 3, 4

@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from bridge.cloud import XYZ, CloudLayout, FieldSpec, make_layout, point_count
 from bridge.decimate._types import VoxelKeyOverflow, check_voxel_size, keys_in_float32
+from bridge.protocol.cloud import XYZ, CloudLayout, FieldSpec, make_layout, point_count
 
 _INT64_LIMIT = 2.0**63  # keys must lie in [-2**63, 2**63)
 

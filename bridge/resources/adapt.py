@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
+from bridge.config.settings import Settings
 from bridge.resources.cgroup import CgroupReader, open_cgroup
 from bridge.resources.describe import describe_gpu, describe_plan, describe_snapshot
 from bridge.resources.from_settings import plan_settings
@@ -40,7 +41,6 @@ from bridge.resources.podsource import PodApi, PodSource, PodUpdate
 from bridge.resources.poller import Poller
 from bridge.resources.quantity import format_bytes
 from bridge.resources.snapshot import CgroupReading, GpuReading, Snapshot, Sourced, Workload
-from bridge.settings import Settings
 
 log = logging.getLogger(__name__)
 

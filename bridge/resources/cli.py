@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bridge import settings as settings_mod
-from bridge.errors import ConfigError
+from bridge.config import settings as settings_mod
+from bridge.config.settings import Settings
+from bridge.protocol.errors import ConfigError
 from bridge.resources.adapt import affinity_cpus
 from bridge.resources.cgroup import open_cgroup
 from bridge.resources.describe import describe_plan, describe_snapshot, render_text
@@ -29,7 +30,6 @@ from bridge.resources.kubeapi import KubeConfig, KubeError, own_pod
 from bridge.resources.plan import make_plan
 from bridge.resources.podsource import PodSource, PodUpdate
 from bridge.resources.snapshot import Snapshot, Sourced
-from bridge.settings import Settings
 
 
 async def _fetch_pod(

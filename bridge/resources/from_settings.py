@@ -7,10 +7,12 @@ plan the server applies.
 
 from __future__ import annotations
 
+from bridge.config.settings import Settings
 from bridge.resources.plan import PlanSettings
-from bridge.settings import Settings
 
-RESERVE_FRACTION = 0.25  # of the data budget, kept for forward progress (see bridge/governor.py)
+RESERVE_FRACTION = (
+    0.25  # of the data budget, kept for forward progress (see bridge/server/governor.py)
+)
 MiB = 1 << 20
 
 
@@ -29,7 +31,7 @@ HEAP_CHURN_FRAMES = 3
 #: processed results and decimation are charged before they are allocated (same table).
 OUTBOUND_COPIES = 0
 #: What forward progress charges at once (forced): one push in flight, its copies
-#: (bridge.push_impl.PUSH_COPIES; tests/unit/test_plan_reserve.py keeps the two equal). The
+#: (bridge.server.push_impl.PUSH_COPIES; tests/unit/test_plan_reserve.py keeps the two equal). The
 #: reserve never holds less (up to half the budget), so a push never overdraws the budget.
 PROGRESS_COPIES = 2
 

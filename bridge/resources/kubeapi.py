@@ -21,10 +21,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.settings import env_name
+from bridge.config.settings import env_name
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-# The variables a parent process sets for a bridge child (read by bridge.settings, not here).
+# The variables a parent process sets for a bridge child (read by bridge.config.settings, not here).
 ENV_API = env_name("kube_api")
 ENV_TOKEN_FILE = env_name("kube_token_file")
 ENV_POD_NAME = env_name("pod_name")

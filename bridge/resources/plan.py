@@ -9,7 +9,7 @@
     per stream= ring split fairly over the active streams, no floor (a larger frame borrows)
     GPU batch = points that fit in a fraction of the free memory of the device we use
 
-The budget is what :class:`bridge.governor.Governor` charges every byte held for data to.
+The budget is what :class:`bridge.server.governor.Governor` charges every byte held for data to.
 
 The effective memory limit is the smallest of: the cgroup's ``memory.max`` (v1
 ``memory.limit_in_bytes``), ``memory.high`` (above it the kernel throttles by reclaim), and — the

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import grpc
 
-from bridge.batches import frames_of
-from bridge.sinkstream import serve_push
+from bridge.protocol.batches import frames_of
+from bridge.protocol.sinkstream import serve_push
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
 from bridge.view import convert

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from bridge.cloud import PACKED_COLOR_NAMES, field_view, make_layout, xyz_view
-from bridge.errors import BridgeError
+from bridge.protocol.cloud import PACKED_COLOR_NAMES, field_view, make_layout, xyz_view
+from bridge.protocol.errors import BridgeError
 from bridge.v1 import bridge_pb2 as pb
 
 MAGIC = b"SBV1"

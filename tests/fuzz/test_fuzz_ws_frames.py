@@ -26,8 +26,8 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
-from bridge.governor import Governor
-from bridge.ws_conn import GovernedConnection
+from bridge.server.governor import Governor
+from bridge.server.ws_conn import GovernedConnection
 from tests.support.ws_stub import governed_connection, open_connection
 
 READ_BYTES = 256 * 1024  # the event loop's largest read

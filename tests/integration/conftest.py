@@ -18,7 +18,7 @@ Default loop only: uvloop runs Cython handles the guard cannot time.
 Charge debug mode (autouse fixture ``charge_debug``): every governor made during a test tracks its
 live charges per owner (``SIMBRIDGE_CHARGE_DEBUG=1``, inherited by child bridges too); the test
 fails when an in-process bridge reported a leak: a connection that ended still owning a charge,
-or a bridge that closed with live charges (``bridge.governor.LEAKS``).
+or a bridge that closed with live charges (``bridge.server.governor.LEAKS``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def pytest_asyncio_loop_factories(
 @pytest.fixture(autouse=True)
 def charge_debug(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Charge debug mode on; no leak reported during the test (see the module docstring)."""
-    from bridge import governor
+    from bridge.server import governor
 
     monkeypatch.setenv(governor.DEBUG_ENV, "1")
     before = len(governor.LEAKS)
@@ -143,8 +143,8 @@ def loop_guard() -> Callable[[], contextlib.AbstractContextManager[list[str]]]:
 @pytest.fixture
 def ws_received(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
     """The messages the bridge's WebSocket transport handed to ingest, in order."""
-    from bridge.ports import Received
-    from bridge.ws_impl import WsTransport
+    from bridge.server.ports import Received
+    from bridge.server.ws_impl import WsTransport
 
     messages: list[bytes] = []
     original = WsTransport.recv

@@ -15,8 +15,8 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge import settings as settings_mod
-from bridge.app import BridgeService
+from bridge.config import settings as settings_mod
+from bridge.server.app import BridgeService
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.launch import ChildProcess, serve_command
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from bridge.app import BridgeService
 from bridge.resources.kubeapi import KubeClient, KubeConfig
+from bridge.server.app import BridgeService
 from loadgen.clouds import synthetic
 from loadgen.edge import EdgeClient, StreamConfig
 from loadgen.kubesim import KubeSim

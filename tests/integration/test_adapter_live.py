@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bridge import settings as settings_mod
+from bridge.config import settings as settings_mod
 from bridge.resources.adapt import Adapter, AdapterSettings
 from bridge.resources.cgroup import CgroupReader
 from bridge.resources.gpu import GpuProbe

@@ -7,8 +7,8 @@ import socket
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bridge.app import BridgeService
-from bridge.errors import StartupError
+from bridge.protocol.errors import StartupError
+from bridge.server.app import BridgeService
 from tests.integration.harness import bridge_settings, running_bridge
 
 

@@ -11,7 +11,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from bridge.app import BridgeService
+from bridge.server.app import BridgeService
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.clouds import synthetic
 from loadgen.edge import EdgeClient, StreamConfig

@@ -96,7 +96,7 @@ def test_a_bad_sink_ca_is_refused_before_ready(files: Path) -> None:
 
 def test_a_good_pair_still_starts(files: Path) -> None:
     """The check refuses only what gRPC would: the real pair passes settings validation."""
-    from bridge import settings as settings_mod
+    from bridge.config import settings as settings_mod
 
     pair = {"tls_cert_file": str(files / "tls.crt"), "tls_key_file": str(files / "tls.key")}
     loaded = settings_mod.load(pair, env={})

@@ -13,10 +13,10 @@ from contextlib import asynccontextmanager, suppress
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from bridge import governor as governor_mod
-from bridge.app import BridgeService
-from bridge.governor import Component
-from bridge.uplink import Uplink
+from bridge.server import governor as governor_mod
+from bridge.server.app import BridgeService
+from bridge.server.governor import Component
+from bridge.server.uplink import Uplink
 from bridge.v1 import bridge_pb2 as pb
 from tests.codec_bombs import frame as coded_frame
 from tests.codec_bombs import quantized_bomb, quantized_stream

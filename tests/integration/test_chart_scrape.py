@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bridge import settings as settings_mod
+from bridge.config import settings as settings_mod
 from tests.integration.harness import running_bridge
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (bundled Helm) not installed")

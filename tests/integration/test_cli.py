@@ -17,9 +17,9 @@ import subprocess
 import sys
 from typing import Any
 
-from bridge import settings as settings_mod
+from bridge.config import settings as settings_mod
+from bridge.config.settings_help import HELP
 from bridge.resources.from_settings import RESERVE_FRACTION
-from bridge.settings_help import HELP
 from tests.integration.harness import ROOT, http_get, running_bridge, ws_url
 
 CGROUP_UNLIMITED = ROOT / "tests" / "fixtures" / "cgroups" / "v2-max" / "sys" / "fs" / "cgroup"

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-from bridge import settings as settings_mod
+from bridge.config import settings as settings_mod
 from tests.integration.harness import ROOT
 
 

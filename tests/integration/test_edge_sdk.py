@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bridge.app import BridgeService
 from bridge.client import DeliveryTimeout, EdgeClient, StreamSpec, SyncEdgeClient, TlsConfig
+from bridge.server.app import BridgeService
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.sink import SinkServer
 from tests.integration import test_tls

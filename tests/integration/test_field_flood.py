@@ -16,7 +16,7 @@ from pathlib import Path
 
 from websockets.asyncio.client import connect
 
-from bridge import wire
+from bridge.protocol import wire
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.clouds import synthetic
 from loadgen.edge import EdgeClient, StreamConfig

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bridge.governor import Component
+from bridge.server.governor import Component
 from tests.integration.harness import http_get, running_bridge
 
 MiB = 1 << 20

@@ -5,8 +5,8 @@ calls; everything else (the service, the processor, frames flowing) is real."""
 
 from __future__ import annotations
 
-from bridge.cloud import CloudLayout
 from bridge.decimate import DecimationResult, get_decimator
+from bridge.protocol.cloud import CloudLayout
 from loadgen.clouds import synthetic
 from loadgen.edge import EdgeClient, StreamConfig
 from tests.integration.harness import metric, running_bridge, ws_url

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from bridge.client import EdgeClient, StreamSpec
-from bridge.governor import Component
+from bridge.server.governor import Component
 from tests.integration.harness import (
     RawGrpcEdge,
     grpc_target,

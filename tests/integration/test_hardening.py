@@ -372,7 +372,7 @@ async def test_churning_device_ids_keep_every_structure_bounded() -> None:
 async def test_per_device_tokens_bind_device_ids_and_let_a_device_take_over_its_session(
     tmp_path: Path,
 ) -> None:
-    from bridge.credentials import token_digest
+    from bridge.config.credentials import token_digest
 
     tokens = tmp_path / "devices"
     tokens.write_text(f"robot-1 {token_digest('r1-secret')}\nrobot-2 {token_digest('r2')}\n")

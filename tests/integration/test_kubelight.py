@@ -153,7 +153,7 @@ def test_lightkube_is_not_imported_without_a_cluster(tmp_path: Path) -> None:
         "import sys, os\n"
         "from bridge.resources.cli import collect\n"
         "from bridge.resources.adapt import Adapter\n"
-        "from bridge.settings import load\n"
+        "from bridge.config.settings import load\n"
         "data = collect(load(env={'BRIDGE_CGROUP_ROOT': sys.argv[1]}))\n"
         "assert data['pod_source']['configured'] is False\n"
         "print([m for m in ('lightkube', 'httpx2') if m in sys.modules])\n"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge import app as app_mod
-from bridge import memtrim
-from bridge.trimpolicy import HeapTrimPolicy
+from bridge.server import app as app_mod
+from bridge.server import memtrim
+from bridge.server.trimpolicy import HeapTrimPolicy
 from loadgen.kubesim.cgroup import CgroupDir
 from tests.integration.harness import running_bridge, wait_until
 

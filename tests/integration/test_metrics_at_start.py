@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.errors import WIRE
+from bridge.protocol.errors import WIRE
 from loadgen.sink import SinkServer
 from tests.integration.harness import http_get, metric, running_bridge, wait_until
 

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from bridge.client import PreparedPayload
-from bridge.cloud import make_layout
 from bridge.decimate import get_decimator
+from bridge.protocol.cloud import make_layout
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.clouds import CloudData, synthetic
 from loadgen.edge import EdgeClient, StreamConfig

@@ -9,8 +9,8 @@ import grpc
 import numpy as np
 from websockets.asyncio.client import connect
 
-from bridge.cloud import make_layout
 from bridge.decimate import get_decimator
+from bridge.protocol.cloud import make_layout
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
 from loadgen.clouds import synthetic

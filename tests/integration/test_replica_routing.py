@@ -9,11 +9,11 @@ import grpc
 import pytest
 from websockets.asyncio.client import connect
 
-import bridge.ingest
+import bridge.server.ingest
 from bridge.client import EdgeClient, StreamSpec
 from bridge.client.transport import ROUTING_HEADER as SDK_HEADER
 from bridge.client.transport import ROUTING_QUERY as SDK_QUERY
-from bridge.session import ROUTING_HEADER, ROUTING_QUERY, routing_keys
+from bridge.server.session import ROUTING_HEADER, ROUTING_QUERY, routing_keys
 from bridge.v1 import bridge_pb2 as pb
 from tests.integration.harness import grpc_target, hello, running_bridge, ws_url
 
@@ -34,7 +34,7 @@ async def test_the_sdk_sends_the_device_id_as_routing_key(
         seen.append(keys)
         return keys
 
-    monkeypatch.setattr(bridge.ingest, "routing_keys", recording)
+    monkeypatch.setattr(bridge.server.ingest, "routing_keys", recording)
     async with running_bridge() as service:
         url = ws_url(service) if transport == "ws" else f"grpc://{grpc_target(service)}"
         async with EdgeClient(url, device_id="robot-7", streams=[StreamSpec("s")]) as edge:

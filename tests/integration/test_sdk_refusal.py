@@ -8,11 +8,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from bridge.app import BridgeService
 from bridge.client import BridgeRefused, EdgeClient, StreamSpec
+from bridge.server.app import BridgeService
 from tests.integration.harness import grpc_target, running_bridge, ws_url
 
-REASON = "missing or wrong bearer token"  # what the bridge says (bridge/ingest.py)
+REASON = "missing or wrong bearer token"  # what the bridge says (bridge/server/ingest.py)
 
 
 def url(service: BridgeService, transport: str) -> str:

@@ -15,8 +15,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from bridge.app import BridgeService
-from bridge.errors import WIRE, FrameTooLarge
+from bridge.protocol.errors import WIRE, FrameTooLarge
+from bridge.server.app import BridgeService
 from bridge.v1 import bridge_pb2 as pb
 from tests.integration.harness import (
     RawGrpcEdge,

@@ -103,8 +103,8 @@ async def test_wss_and_grpc_ingest_with_mtls_and_mtls_push_to_the_sink(pki: Path
 
 
 def test_tls_settings_are_validated(tmp_path: Path) -> None:
-    from bridge import settings
-    from bridge.errors import ConfigError
+    from bridge.config import settings
+    from bridge.protocol.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
         settings.load(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from websockets.asyncio.client import connect
 
-from bridge.credentials import token_digest
+from bridge.config.credentials import token_digest
 from bridge.v1 import bridge_pb2 as pb
 from tests.integration.harness import BridgeProcess, RawGrpcEdge, hello, serve_process
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import zstandard
 
-from bridge.app import BridgeService
 from bridge.client import EdgeClient, StreamSpec
-from bridge.governor import Component
+from bridge.server.app import BridgeService
+from bridge.server.governor import Component
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.clouds import lidar_xyzi
 from loadgen.sink import SinkServer

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bridge.cloud import CloudLayout, make_layout
+from bridge.protocol.cloud import CloudLayout, make_layout
 
 XYZI_LAYOUT = make_layout(16, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7), ("intensity", 12, 7)])
 XYZ_BIN_LAYOUT = make_layout(12, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7)])

@@ -1,7 +1,7 @@
 """A WebSocket server connection on a stub transport: no socket, so a test (or
 ``benchmarks.ws_small``) feeds it reads by hand and sees exactly what was queued and when.
 
-``governed_connection(governor)`` gives the bridge's adapter (:class:`bridge.ws_conn.
+``governed_connection(governor)`` gives the bridge's adapter (:class:`bridge.server.ws_conn.
 GovernedConnection`, our own asyncio protocol), granting from ``governor``, past a real opening
 handshake fed through its public door (``data_received``). ``open_connection(ServerConnection)``
 gives plain ``websockets``' asyncio connection past its handshake: the reference the differential
@@ -18,8 +18,8 @@ from websockets.asyncio.server import ServerConnection
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from bridge.governor import Governor
-from bridge.ws_conn import GovernedConnection
+from bridge.server.governor import Governor
+from bridge.server.ws_conn import GovernedConnection
 
 UPGRADE = (
     b"GET /v1/ingest HTTP/1.1\r\nHost: stub\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"

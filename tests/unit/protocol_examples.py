@@ -14,8 +14,8 @@ import numpy as np
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
+from bridge.protocol.wire import decode_varint
 from bridge.v1 import bridge_pb2 as pb
-from bridge.wire import decode_varint
 
 _WIRE_NAMES = {0: "VARINT", 1: "I64", 2: "LEN", 5: "I32"}
 _ROW = 10  # bytes shown per line

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from bridge.admission import Admission
-from bridge.core import Offer
-from bridge.governor import Component, Governor
-from bridge.metrics import BridgeMetrics
+from bridge.server.admission import Admission
+from bridge.server.core import Offer
+from bridge.server.governor import Component, Governor
+from bridge.server.metrics import BridgeMetrics
 from bridge.v1 import bridge_pb2 as pb
 
 

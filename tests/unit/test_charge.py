@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bridge import governor as governor_mod
-from bridge.governor import Charge, Component, DoubleRelease, Governor, MovedCharge
+from bridge.server import governor as governor_mod
+from bridge.server.governor import Charge, Component, DoubleRelease, Governor, MovedCharge
 
 T, R = Component.TRANSPORT, Component.RING
 

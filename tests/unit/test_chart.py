@@ -961,7 +961,9 @@ def test_rendered_env_is_accepted_by_the_bridge(
 
     The bridge warns about unknown BRIDGE_* variables but runs on, so a typo here would do nothing.
     """
-    settings_mod = pytest.importorskip("bridge.settings", reason="bridge package not importable")
+    settings_mod = pytest.importorskip(
+        "bridge.config.settings", reason="bridge package not importable"
+    )
     kubeapi = pytest.importorskip(
         "bridge.resources.kubeapi", reason="bridge package not importable"
     )
@@ -1305,7 +1307,9 @@ def test_vertical_pod_autoscaler_resizes_in_place(renderer: Renderer) -> None:
 def exported_series() -> frozenset[str]:
     """Every series name the bridge's /metrics can carry, from its own metric registrations."""
     prometheus_client = pytest.importorskip("prometheus_client")
-    metrics_mod = pytest.importorskip("bridge.metrics", reason="bridge package not importable")
+    metrics_mod = pytest.importorskip(
+        "bridge.server.metrics", reason="bridge package not importable"
+    )
     resource_metrics = pytest.importorskip("bridge.resources.metrics")
     registry = prometheus_client.CollectorRegistry()
     metrics_mod.BridgeMetrics(registry)

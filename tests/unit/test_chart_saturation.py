@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bridge.looplag import LoopLagMonitor, thread_busy_clock
-from bridge.metrics import BridgeMetrics
+from bridge.server.looplag import LoopLagMonitor, thread_busy_clock
+from bridge.server.metrics import BridgeMetrics
 
 BUSY = "bridge_event_loop_busy_seconds_total"
 

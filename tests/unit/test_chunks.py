@@ -1,4 +1,4 @@
-"""Chunk reassembly (bridge.chunks): any interleaving of streams' pieces reassembles exactly,
+"""Chunk reassembly (bridge.server.chunks): any interleaving of streams' pieces reassembles exactly,
 bad sequences are refused with the right code, and every charged byte comes back."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import itertools
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from bridge import codec
-from bridge.chunks import Reassembler
-from bridge.governor import Charge, Component, Governor
+from bridge.protocol import codec
+from bridge.server.chunks import Reassembler
+from bridge.server.governor import Charge, Component, Governor
 from bridge.v1 import bridge_pb2 as pb
 
 MAX = 1 << 20

@@ -14,9 +14,10 @@ from typing import overload
 
 import pytest
 
-from bridge import codec, settings, wire
-from bridge.cloud import MAX_CLOUD_FIELDS, make_layout
-from bridge.errors import BatchTooLarge, ConfigError, InvalidLayout, MalformedMessage
+from bridge.config import settings
+from bridge.protocol import codec, wire
+from bridge.protocol.cloud import MAX_CLOUD_FIELDS, make_layout
+from bridge.protocol.errors import BatchTooLarge, ConfigError, InvalidLayout, MalformedMessage
 from bridge.v1 import bridge_pb2 as pb
 
 LIMITS = codec.Limits(max_frame_bytes=16 << 20, max_points=1 << 20, max_streams_per_session=8)

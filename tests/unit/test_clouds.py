@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bridge.cloud import field_view, make_layout, xyz_view
+from bridge.protocol.cloud import field_view, make_layout, xyz_view
 from bridge.v1 import bridge_pb2 as pb
 from loadgen import clouds
 from loadgen.clouds import CloudData, Open3DUnavailable, lidar_xyzi, lidar_xyzrgb, load_cloud

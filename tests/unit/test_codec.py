@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge import codec
-from bridge.cloud import FieldType, field_view, make_layout, point_count, records, xyz_view
-from bridge.errors import FrameTooLarge, InvalidLayout, MalformedMessage, TooManyPoints
+from bridge.protocol import codec
+from bridge.protocol.cloud import FieldType, field_view, make_layout, point_count, records, xyz_view
+from bridge.protocol.errors import FrameTooLarge, InvalidLayout, MalformedMessage, TooManyPoints
 from bridge.v1 import bridge_pb2 as pb
 
 LIMITS = codec.Limits(max_frame_bytes=1 << 20, max_points=10_000, max_streams_per_session=8)

@@ -1,4 +1,4 @@
-"""Cloud codecs (bridge.compress): lossless round trips exactly, lossy within the stated
+"""Cloud codecs (bridge.protocol.compress): lossless round trips exactly, lossy within the stated
 precision, and the decoder refuses lies and bombs before allocating."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from bridge import compress, predictive
 from bridge.client.codecs import codec_spec, encode_payload
 from bridge.client.payload import PreparedPayload
-from bridge.cloud import make_layout
-from bridge.errors import CodecError
+from bridge.protocol import compress, predictive
+from bridge.protocol.cloud import make_layout
+from bridge.protocol.errors import CodecError
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.clouds import lidar_xyzi
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from bridge import credentials
-from bridge.credentials import (
+from bridge.config import credentials
+from bridge.config.credentials import (
     CredentialFileError,
     DeviceTokenFile,
     parse_device_tokens,
     token_digest,
 )
-from bridge.settings import Settings, validate
+from bridge.config.settings import Settings, validate
 
 
 class FakeClock:
@@ -81,7 +81,7 @@ def test_file_is_reloaded_when_it_changes_and_keeps_the_last_good(
 
 @pytest.fixture
 def file_calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Counts the ``stat`` and ``open`` calls bridge.credentials makes (the module's own
+    """Counts the ``stat`` and ``open`` calls bridge.config.credentials makes (the module's own
     names are wrapped, so the count does not depend on how the class is written)."""
     calls: Counter[str] = Counter()
     real_stat, real_open = os.stat, open
@@ -111,7 +111,7 @@ def test_invalid_utf8_keeps_the_last_good_entries(
     file = good_file(path, clock)
     path.write_bytes(b"robot-1 \xff\xfe not text\n")
     clock.now += 1.0
-    with caplog.at_level(logging.ERROR, "bridge.credentials"):
+    with caplog.at_level(logging.ERROR, "bridge.config.credentials"):
         assert file.current().verify("robot-1", "one")
     assert "tokens:1: not UTF-8 text" in caplog.text
 
@@ -124,7 +124,7 @@ def test_same_bad_file_is_read_once_however_many_hellos(
     file = good_file(path, clock)
     path.write_bytes(b"robot-2 sha256:\xff\n" + b"# filler\n" * 400_000)
     file_calls.clear()
-    with caplog.at_level(logging.ERROR, "bridge.credentials"):
+    with caplog.at_level(logging.ERROR, "bridge.config.credentials"):
         for _ in range(200):
             clock.now += 1.0  # every Hello a check interval apart: each may stat
             assert file.current().verify("robot-1", "one")
@@ -155,7 +155,7 @@ def test_a_fixed_file_and_a_restored_file_are_read_again(
     path = tmp_path / "tokens"
     file = good_file(path, clock)
     path.unlink()
-    with caplog.at_level(logging.ERROR, "bridge.credentials"):
+    with caplog.at_level(logging.ERROR, "bridge.config.credentials"):
         for _ in range(5):
             clock.now += 1.0
             assert file.current().verify("robot-1", "one")

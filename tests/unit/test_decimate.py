@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from bridge.cloud import CloudLayout, FieldType, make_layout
 from bridge.decimate import (
     BackendUnavailable,
     DecimationResult,
@@ -30,7 +29,8 @@ from bridge.decimate import (
 )
 from bridge.decimate.ladder import rungs
 from bridge.decimate.reference import downsample_packed
-from bridge.errors import BridgeError
+from bridge.protocol.cloud import CloudLayout, FieldType, make_layout
+from bridge.protocol.errors import BridgeError
 
 BACKENDS = [
     pytest.param("numpy", id="numpy"),

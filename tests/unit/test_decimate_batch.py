@@ -9,9 +9,9 @@ import threading
 import numpy as np
 import pytest
 
-from bridge.cloud import CloudLayout, make_layout
 from bridge.decimate import DecimationResult, VoxelKeyOverflow, available_backends, get_decimator
 from bridge.decimate.batch import GpuBatcher
+from bridge.protocol.cloud import CloudLayout, make_layout
 
 XYZ = make_layout(12, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7)])
 
@@ -140,8 +140,8 @@ def test_capacity_hands_the_planned_batch_size_to_the_batcher() -> None:
     from types import SimpleNamespace
     from typing import Any
 
-    from bridge.capacity import Capacity
-    from bridge.governor import Governor
+    from bridge.server.capacity import Capacity
+    from bridge.server.governor import Governor
 
     batcher = GpuBatcher(RecordingGpu(), get_decimator("numpy"), batch_points=5)
     dummy: Any = SimpleNamespace()

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bridge.cloud import make_layout
 from bridge.decimate import VoxelKeyOverflow, available_backends, get_decimator
 from bridge.decimate.into import cloud_parts, decimate_parts, kernel_threads
 from bridge.decimate.reference import downsample_packed
+from bridge.protocol.cloud import make_layout
 from bridge.v1 import bridge_pb2 as pb
 
 LAYOUT = make_layout(16, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7), ("rgb", 12, 6)])

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.cloud import CloudLayout, make_layout
 from bridge.decimate import available_backends, get_decimator
 from bridge.decimate.reference import downsample_packed
+from bridge.protocol.cloud import CloudLayout, make_layout
 from tests.unit.test_decimate import SETTINGS, pack
 
 pytestmark = pytest.mark.skipif(

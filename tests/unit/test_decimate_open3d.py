@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bridge.cloud import make_layout
 from bridge.decimate import available_backends, get_decimator
+from bridge.protocol.cloud import make_layout
 
 o3d: Any = pytest.importorskip("open3d", reason="open3d cannot be imported (libusb-1.0-0?)")
 

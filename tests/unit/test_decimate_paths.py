@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from bridge.cloud import make_layout
 from bridge.decimate import VoxelKeyOverflow, available_backends, get_decimator
 from bridge.decimate.reference import downsample_packed
+from bridge.protocol.cloud import make_layout
 from tests.unit.test_decimate import LAYOUTS, SETTINGS, clouds, pack, wide_clouds
 
 pytestmark = pytest.mark.skipif(

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from bridge.client import EdgeCore, PreparedPayload, StreamSpec
 from bridge.client.payload import encode_frame
-from bridge.cloud import make_layout, records
-from bridge.errors import InvalidLayout
+from bridge.protocol.cloud import make_layout, records
+from bridge.protocol.errors import InvalidLayout
 from bridge.v1 import bridge_pb2 as pb
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.egress import EgressLog
-from bridge.ring import Entry, StreamRing
-from bridge.session import Stream, StreamConfig
+from bridge.server.egress import EgressLog
+from bridge.server.ring import Entry, StreamRing
+from bridge.server.session import Stream, StreamConfig
 from bridge.v1 import bridge_pb2 as pb
 
 

@@ -8,11 +8,11 @@ from typing import Any
 import grpc
 import pytest
 
-from bridge import errors
-from bridge.governor import Governor
-from bridge.grpc_impl import GrpcTransport
+from bridge.protocol import errors
+from bridge.server.governor import Governor
+from bridge.server.grpc_impl import GrpcTransport
+from bridge.server.ws_impl import WsTransport
 from bridge.v1 import bridge_pb2 as pb
-from bridge.ws_impl import WsTransport
 
 
 def _protocol_errors() -> list[type[errors.ProtocolError]]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from bridge import settings as settings_mod
+from bridge.config import settings as settings_mod
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "simbridge.yaml"
 

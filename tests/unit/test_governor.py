@@ -17,7 +17,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from bridge.governor import Charge, Component, DoubleRelease, Governor, Tier, Waiter
+from bridge.server.governor import Charge, Component, DoubleRelease, Governor, Tier, Waiter
 
 T = Component.TRANSPORT
 

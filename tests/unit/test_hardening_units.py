@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from bridge import codec
+from bridge.config.settings import load
 from bridge.decimate.ladder import MAX_PASSES, fit_budget, rungs
-from bridge.errors import ConfigError, TelemetryTooLarge
 from bridge.logs import RateLimitedLog
-from bridge.settings import load
+from bridge.protocol import codec
+from bridge.protocol.errors import ConfigError, TelemetryTooLarge
 from bridge.v1 import bridge_pb2 as pb
 
 

@@ -19,7 +19,7 @@ from benchmarks.hostile import (
     xyz_fields,
     zstd_bomb,
 )
-from bridge import compress
+from bridge.protocol import compress
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.record import FrameRecord, encode
 

@@ -162,3 +162,55 @@ def test_the_graph_sees_function_level_and_relative_imports() -> None:
     assert "loadgen.aio" in graph["loadgen.procs"]
     assert "bridge.decimate.filecli" in graph["bridge.cli"]  # imported inside _decimate()
     assert len(graph) > 150 and sum(map(len, graph.values())) > 300
+
+
+#: The layers of ``bridge/`` and what each may import (besides itself). ``protocol`` is what every
+#: side shares; ``server`` is the data plane, and only the CLI that starts it imports it.
+LAYERS_MAY_IMPORT: dict[str, set[str]] = {
+    "v1": set(),
+    "logs": set(),
+    "protogen": set(),
+    "protocol": {"v1"},
+    "config": {"protocol"},
+    "decimate": {"protocol", "v1"},
+    "client": {"protocol", "v1"},
+    "view": {"protocol", "v1", "client", "logs"},
+    "resources": {"protocol", "config"},
+    "server": {"protocol", "config", "decimate", "resources", "v1", "logs"},
+    "cli": set(),  # starts every product: may import any layer
+}
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return None if parts[0] != "bridge" or len(parts) == 1 else parts[1]
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in sorted(graph.items()):
+        here = _layer(module)
+        if here is None or here == "cli":
+            continue
+        assert here in LAYERS_MAY_IMPORT, f"{module}: a layer the house does not know"
+        for target in sorted(targets):
+            there = _layer(target)
+            if there not in (None, here) and there not in LAYERS_MAY_IMPORT[here]:
+                found.append(f"{module} imports {target} ({here} may not import {there})")
+    return found
+
+
+def test_each_layer_imports_only_what_it_may() -> None:
+    assert layer_violations(import_graph()) == []
+
+
+def test_the_layer_check_finds_a_violation() -> None:
+    graph = {
+        "bridge.protocol.wire": {"bridge.server.core"},
+        "bridge.client.core": {"bridge.protocol.wire"},
+        "bridge.view.feed": {"bridge.server.ring", "bridge.client.core"},
+    }
+    assert layer_violations(graph) == [
+        "bridge.protocol.wire imports bridge.server.core (protocol may not import server)",
+        "bridge.view.feed imports bridge.server.ring (view may not import server)",
+    ]

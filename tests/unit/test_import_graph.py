@@ -9,12 +9,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "bridge"
 ADAPTERS = (
-    "bridge.ws_impl",
-    "bridge.grpc_impl",
-    "bridge.ingest",
-    "bridge.push_impl",
-    "bridge.subscribers",
-    "bridge.http_impl",
+    "bridge.server.ws_impl",
+    "bridge.server.grpc_impl",
+    "bridge.server.ingest",
+    "bridge.server.push_impl",
+    "bridge.server.subscribers",
+    "bridge.server.http_impl",
 )
 
 
@@ -125,5 +125,7 @@ def test_no_import_cycle_inside_bridge() -> None:
 
 def test_no_adapter_imports_the_composer() -> None:
     graph = import_graph()
-    offenders = {m for m in ADAPTERS if "bridge.app" in graph[m]}
-    assert not offenders, f"adapters must use bridge.ports, not bridge.app: {sorted(offenders)}"
+    offenders = {m for m in ADAPTERS if "bridge.server.app" in graph[m]}
+    assert not offenders, (
+        f"adapters must use bridge.server.ports, not bridge.server.app: {sorted(offenders)}"
+    )

@@ -29,8 +29,8 @@ skip = {{"bridge.decimate.bench", "bridge.decimate._sbv_cuda"}}  # a benchmark; 
 for info in pkgutil.walk_packages(bridge.__path__, "bridge."):
     if info.name not in skip and not info.name.endswith("__main__"):
         importlib.import_module(info.name)
-from bridge.app import BridgeService
-from bridge.settings import Settings
+from bridge.server.app import BridgeService
+from bridge.config.settings import Settings
 
 async def main():
     service = BridgeService(Settings(host="127.0.0.1", ws_port=0, grpc_port=0, http_port=0,

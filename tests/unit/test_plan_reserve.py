@@ -3,10 +3,10 @@ budget, a forced 2 x 15 MiB push overdrew the budget by 17 MiB and the container
 
 from __future__ import annotations
 
-from bridge.push_impl import PUSH_COPIES
+from bridge.config.settings import Settings
 from bridge.resources import from_settings
 from bridge.resources.plan import PlanSettings, make_plan
-from bridge.settings import Settings
+from bridge.server.push_impl import PUSH_COPIES
 from tests.unit.test_plan import S, snap
 
 MiB = 1 << 20

@@ -1,4 +1,5 @@
-"""Predictive xyz coding (bridge.predictive): the decoder rebuilds exactly the quantized values,
+"""Predictive xyz coding (bridge.protocol.predictive): the decoder rebuilds exactly the quantized
+values,
 for any content, order, size and depth, extremes included."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from bridge import predictive
+from bridge.protocol import predictive
 
 LIMIT = predictive.MAX_QUANTUM - 1
 values = st.one_of(

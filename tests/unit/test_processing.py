@@ -10,14 +10,14 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.core import SPLIT_DATA_BYTES, BridgeCore
 from bridge.decimate import get_decimator
 from bridge.decimate._types import DecimationResult
-from bridge.processing import Processor, process_frame
-from bridge.ring import Entry
-from bridge.session import Session, Stream
+from bridge.server.core import SPLIT_DATA_BYTES, BridgeCore
+from bridge.server.processing import Processor, process_frame
+from bridge.server.ring import Entry
+from bridge.server.session import Session, Stream
+from bridge.server.workers import WorkerPool
 from bridge.v1 import bridge_pb2 as pb
-from bridge.workers import WorkerPool
 from tests.unit.test_core import cloud_frame, hello, make_core
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from bridge.errors import WIRE, HelloTimeout, SessionTaken
-from bridge.settings import Settings
+from bridge.config.settings import Settings
+from bridge.protocol.errors import WIRE, HelloTimeout, SessionTaken
 from bridge.v1 import bridge_pb2 as pb
 from tests.integration.harness import ROOT
 from tests.unit.protocol_examples import examples, rendered

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bridge.governor import Component, Governor
-from bridge.metrics import BridgeMetrics
-from bridge.push_impl import SinkPusher
-from bridge.settings import Settings
+from bridge.config.settings import Settings
+from bridge.server.governor import Component, Governor
+from bridge.server.metrics import BridgeMetrics
+from bridge.server.push_impl import SinkPusher
 
 
 class FinishedCall:

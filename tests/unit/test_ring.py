@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.ring import AdmitResult, Policy, State, StreamRing
+from bridge.server.ring import AdmitResult, Policy, State, StreamRing
 
 
 def fill(ring: StreamRing, sizes: list[int], start: int = 1) -> list[int]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge import settings
-from bridge.errors import ConfigError
+from bridge.config import settings
+from bridge.protocol.errors import ConfigError
 
 
 def test_precedence_flags_over_env_over_file_over_defaults(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Every ``BRIDGE_*`` variable is read in ``bridge/settings.py`` only, so each setting (the
+"""Every ``BRIDGE_*`` variable is read in ``bridge/config/settings.py`` only, so each setting (the
 resource sources and the CUDA library included) has its flag, env and file forms."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import ast
 import json
 from pathlib import Path
 
-from bridge import settings as settings_mod
+from bridge.config import settings as settings_mod
 from bridge.decimate import cuda
 from bridge.resources.cgroup import open_cgroup
 
@@ -30,7 +30,7 @@ def test_no_module_but_settings_names_a_bridge_variable() -> None:
     offenders = []
     for path in sorted((ROOT / "bridge").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel == "bridge/settings.py" or rel in MOVING_OUT or rel.startswith("bridge/v1/"):
+        if rel == "bridge/config/settings.py" or rel in MOVING_OUT or rel.startswith("bridge/v1/"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             value = node.value if isinstance(node, ast.Constant) else None

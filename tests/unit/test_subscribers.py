@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.egress import EgressLog, frame_bytes, gap_trailer
-from bridge.governor import Component, Governor
-from bridge.ring import Entry, Gap
-from bridge.session import Stream
-from bridge.subscribers import Subscriber, SubscriberSet, send_bytes
+from bridge.server.egress import EgressLog, frame_bytes, gap_trailer
+from bridge.server.governor import Component, Governor
+from bridge.server.ring import Entry, Gap
+from bridge.server.session import Stream
+from bridge.server.subscribers import Subscriber, SubscriberSet, send_bytes
 from bridge.v1 import bridge_pb2 as pb
 from tests.unit.test_egress import committed, stream
 

@@ -3,7 +3,7 @@ only once it has sat unused; past the budget it is trimmed at once, at most once
 
 from __future__ import annotations
 
-from bridge.trimpolicy import IDLE, OVER_BUDGET, OVER_LIMIT, HeapTrimPolicy
+from bridge.server.trimpolicy import IDLE, OVER_BUDGET, OVER_LIMIT, HeapTrimPolicy
 
 MiB = 1 << 20
 BASE = 60 * MiB

@@ -1,4 +1,5 @@
-"""Codec decoding at the uplink (bridge.uplink, sans-I/O): a decode is sized and refused by what
+"""Codec decoding at the uplink (bridge.server.uplink, sans-I/O): a decode is sized and refused by
+what
 its headers declare, never by its encoded size, and refused decode work is bounded per
 connection."""
 
@@ -6,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from bridge import codec
-from bridge.errors import CodecError, DecodeBudgetSpent
-from bridge.governor import Component, Governor
-from bridge.uplink import INLINE_DECODE_BYTES, Uplink
+from bridge.protocol import codec
+from bridge.protocol.errors import CodecError, DecodeBudgetSpent
+from bridge.server.governor import Component, Governor
+from bridge.server.uplink import INLINE_DECODE_BYTES, Uplink
 from bridge.v1 import bridge_pb2 as pb
 from tests.codec_bombs import STRIDE, frame, quantized_bomb
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge import wire
+from bridge.protocol import wire
 from bridge.v1 import bridge_pb2 as pb
 
 

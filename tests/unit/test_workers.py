@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bridge.workers import WorkerPool
+from bridge.server.workers import WorkerPool
 
 
 def wait_for(predicate: object, timeout: float = 5.0) -> bool:

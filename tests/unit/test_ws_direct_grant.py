@@ -14,8 +14,8 @@ import os
 import pytest
 from websockets.frames import Frame, Opcode
 
-from bridge.governor import Component, Governor
-from bridge.ws_conn import HELLO_BYTES
+from bridge.server.governor import Component, Governor
+from bridge.server.ws_conn import HELLO_BYTES
 from tests.support.ws_stub import governed_connection
 
 

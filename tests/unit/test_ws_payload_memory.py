@@ -4,7 +4,8 @@ Issue 29 measured it in the container: a 15 MiB payload collected as ~60 reads o
 unmasked read by read into new bytes, then joined, held twice its size at the join, and the
 list and join churned glibc's heap (freed, not returned). The adapter now allocates ONE buffer
 of the size the frame header announced, when the grant arrives, unmasks each read into it in
-place and hands that buffer to ``recv()`` (``bridge.ws_conn.Payload``). Python's own allocation
+place and hands that buffer to ``recv()`` (``bridge.server.ws_conn.Payload``). Python's own
+allocation
 tracer measures the peak of what receiving the message allocated, on a connection over a stub
 transport (the reads themselves are made before tracing starts).
 """
@@ -16,7 +17,7 @@ import tracemalloc
 
 from websockets.frames import Frame, Opcode
 
-from bridge.governor import Governor
+from bridge.server.governor import Governor
 from tests.support.ws_stub import governed_connection
 
 READ_BYTES = 256 * 1024  # the event loop's largest read

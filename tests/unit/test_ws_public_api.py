@@ -5,9 +5,10 @@ The adapter used to fork the library's asyncio I/O layer through undocumented at
 ``websockets>=15,<18`` let change under it across three majors. This reads every module of
 ``bridge/`` that imports ``websockets`` and fails on an imported name with a leading underscore,
 an attribute of the library's protocol object that is not in its documented API, and the known
-internals by name; and, in the adapter's own modules (``bridge/ws_*.py``, ``bridge/wsmeter.py``),
-on any import outside the public sans-I/O surface (the asyncio implementation included: the SDK
-and the viewer may use its public client and server, the ingest adapter is its own protocol).
+internals by name; and, in the adapter's own modules (``bridge/server/ws_*.py``,
+``bridge/server/wsmeter.py``), on any import outside the public sans-I/O surface (the asyncio
+implementation included: the SDK and the viewer may use its public client and server, the
+ingest adapter is its own protocol).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _modules_using_websockets() -> list[Path]:
 
 
 def _is_adapter(path: Path) -> bool:
-    return path.parent == BRIDGE and (path.name.startswith("ws_") or path.name == "wsmeter.py")
+    return path.parent == BRIDGE / "server" and (path.name.startswith("ws_") or path.name == "wsmeter.py")
 
 
 def _problems(path: Path) -> list[str]:
@@ -114,7 +115,7 @@ def _problems(path: Path) -> list[str]:
 
 
 def test_the_adapter_is_found() -> None:
-    names = {p.name for p in _modules_using_websockets()}
+    names = {p.name for p in _modules_using_websockets() if _is_adapter(p)}
     assert {"ws_conn.py", "ws_impl.py"} <= names, names
 
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from websockets.frames import Frame, Opcode
 
-from bridge.wsmeter import FrameMeter, Unread
+from bridge.server.wsmeter import FrameMeter, Unread
 
 OP_BINARY, OP_TEXT, OP_CONT = Opcode.BINARY, Opcode.TEXT, Opcode.CONT
 OP_PING, OP_PONG = Opcode.PING, Opcode.PONG
