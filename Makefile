@@ -73,7 +73,7 @@ test-memory-heavy: venv
 	SIMBRIDGE_HEAVY=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/integration/test_memory_hostile.py
 
 bench-relay: venv
-	$(PY) -m benchmarks.relay
+	$(PY) -m benchmarks.relay.cli
 
 # 0.5x to 4x the bridge's measured capacity, both transports (a few minutes).
 bench-overload: venv
@@ -85,7 +85,7 @@ bench-capacity: venv
 
 # Decimation backends against Open3D and PCL; ARGS=--quick (about a minute), ARGS=--help for the rest.
 bench-decimate: venv
-	$(PY) -m benchmarks.decimate $(ARGS)
+	$(PY) -m benchmarks.decimate.cli $(ARGS)
 
 bench-adapt: venv
 	$(PY) -m benchmarks.adapt
@@ -104,7 +104,7 @@ bench-grpc-window: venv
 # Clouds/s, 1 KB frames/s and CPU per frame at N = 1,2,4,8 bridge processes, and a model (ARGS=--help).
 .PHONY: bench-scale
 bench-scale: venv
-	$(PY) -m benchmarks.scale --json reports/bench-scale.json --plot reports/bench-scale.png $(ARGS)
+	$(PY) -m benchmarks.scale.cli --json reports/bench-scale.json --plot reports/bench-scale.png $(ARGS)
 
 # Session setup (new and resumed, WebSocket and gRPC) and a Unix-socket round trip: the parts of
 # a redirect and of a handover between ingest processes (docs/scaling.md).
@@ -113,7 +113,7 @@ bench-connect: venv
 
 # The bridge in a real container (podman + runc, image from the Dockerfile on a local mmdebstrap
 # base), resized live under load: podman update directly and through the Kubernetes stand-in;
-# then the hostile cases (benchmarks/container_hostile.py: edges ignoring PAUSE, subscribers
+# then the hostile cases (benchmarks/container/hostile.py: edges ignoring PAUSE, subscribers
 # that never read, codec bombs, a chunk hold, live shrinks; each with a well-behaved edge and a
 # sink down then up), the short set at 400m (a few minutes).
 # Installs podman runc mmdebstrap uidmap as root with apt (only the missing ones); skips visibly
@@ -131,7 +131,7 @@ e2e-container-full: venv container-deps
 # Three `simbridge serve` replicas behind HAProxy (examples/haproxy/haproxy.cfg: consistent hash
 # on x-simbridge-device, WebSocket over HTTP/1.1, gRPC over h2), 24 devices at 10 Hz over both
 # transports and one sink; scaled 3 -> 2 -> 3 (SIGTERM, then a new replica through the runtime
-# API) and one replica SIGKILLed (about a minute; benchmarks/replicas.py, docs/scaling.md).
+# API) and one replica SIGKILLed (about a minute; benchmarks/replicas/cli.py, docs/scaling.md).
 # Installs Debian's haproxy as root with apt when missing; skips visibly elsewhere. Report
 # under reports/e2e-replicas/.
 .PHONY: e2e-replicas

@@ -33,8 +33,8 @@ from collections.abc import Awaitable, Callable, Sequence
 import grpc
 from websockets.asyncio.client import connect
 
-from benchmarks._relay_clients import Client, hello_message
-from benchmarks._relay_common import INGEST_METHOD
+from benchmarks.relay.clients import Client, hello_message
+from benchmarks.relay.common import INGEST_METHOD
 from loadgen.launch import ChildProcess, serve_command
 
 STREAMS = 64  # per-stream seqs in the handover message

@@ -27,7 +27,7 @@ def relay_cells(window: int, sizes: str, seconds: float) -> dict[str, dict[str, 
     """Bridge-grpc cells at one window: size -> us/msg, msgs/s, other CPU %."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "relay.json"
-        cmd = [sys.executable, "-m", "benchmarks.relay", "--targets", "bridge-grpc"]
+        cmd = [sys.executable, "-m", "benchmarks.relay.cli", "--targets", "bridge-grpc"]
         cmd += ["--sizes", sizes, "--conns", "1", "--seconds", str(seconds)]
         cmd += [f"--bridge-arg=--grpc-window-bytes={window}", "--json", str(out)]
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)

@@ -16,9 +16,9 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from benchmarks import container_report as report
-from benchmarks.container_e2e import START_CPU, run_scenario
-from benchmarks.container_rig import ContainerRig, Load, MiB, Step
+from benchmarks.container import report
+from benchmarks.container.e2e import START_CPU, run_scenario
+from benchmarks.container.rig import ContainerRig, Load, MiB, Step
 
 TRACE = [
     Step("cpu cut: rings fill", 0.5, None, hold_s=8),
@@ -67,8 +67,8 @@ def ratio_table(rig: ContainerRig) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks import container_env
-    from benchmarks.container_kube import seam_missing
+    from benchmarks.container import env as container_env
+    from benchmarks.container.kube import seam_missing
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__)
     p.add_argument("--out", type=Path, default=Path("reports"))

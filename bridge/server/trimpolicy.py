@@ -5,7 +5,7 @@ Why not simply "whenever the heap holds more than the data charged": under stead
 heap always holds some tens of MiB of frames freed a moment ago that the next frames reuse.
 Trimming them once a second made the kernel fault the same pages in again: 1.2 MB gRPC relay
 with 32 connections, ~50 page faults per message (the raw relay ~10) and ~8 % of the bridge's
-CPU per message (``perf stat``, ``benchmarks.relay``). Free pages are harmless while resident
+CPU per message (``perf stat``, ``benchmarks.relay.cli``). Free pages are harmless while resident
 memory stays inside what the plan gave the data budget, since the governor would let charged
 frames fill them anyway; they are trimmed at once (at most once a second) when resident memory
 passes baseline + budget (or the charged data, if higher), and otherwise once they have sat

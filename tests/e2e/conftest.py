@@ -15,7 +15,7 @@ collect_ignore_glob = [] if os.environ.get("SIMBRIDGE_E2E_CONTAINER") == "1" els
 @pytest.fixture(scope="session")
 def container_image() -> str:
     """The Dockerfile's cpu image, built with podman; skips visibly where containers cannot run."""
-    from benchmarks import container_env
+    from benchmarks.container import env as container_env
 
     try:
         return container_env.prepare()
@@ -30,7 +30,7 @@ def hostile_rows() -> Iterator[list[tuple[str, ...]]]:
     rows: list[tuple[str, ...]] = []
     yield rows
     if rows:
-        from benchmarks.container_hostile import table
+        from benchmarks.container.hostile import table
 
         text = table(rows)
         print("\n\nhostile cases in the container:\n" + text)

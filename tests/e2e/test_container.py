@@ -1,8 +1,8 @@
 """The bridge in a real container, resized live under load (``make e2e-container``).
 
 Each test builds nothing itself (the session fixture builds the image once), runs one scenario
-of :mod:`benchmarks.container_e2e`, prints its step table and writes its PNG under
-``reports/e2e-container/``; every check of :func:`benchmarks.container_report.checks` must pass.
+of :mod:`benchmarks.container.e2e`, prints its step table and writes its PNG under
+``reports/e2e-container/``; every check of :func:`benchmarks.container.report.checks` must pass.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.container_e2e import STEPS, run_scenario
+from benchmarks.container.e2e import STEPS, run_scenario
 
 OUT = Path(__file__).resolve().parents[2] / "reports" / "e2e-container"
 
@@ -34,7 +34,7 @@ async def test_resize_with_podman_update(container_image: str) -> None:
 async def test_resize_through_kubernetes_stand_in(container_image: str) -> None:
     """``kubectl patch --subresource resize`` → kubesim → ``podman update`` → the bridge, which
     reads its real cgroup and its Pod from the stand-in."""
-    from benchmarks.container_kube import seam_missing
+    from benchmarks.container.kube import seam_missing
 
     reason = seam_missing()
     if reason is not None:

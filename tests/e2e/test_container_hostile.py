@@ -1,11 +1,11 @@
 """Hostile load on the bridge in its real container (issue 29, build step 6).
 
 ``make e2e-container`` runs the short set: every case of
-:data:`benchmarks.container_hostile.CASES` once, at ``SHORT_LIMIT`` (400m).
+:data:`benchmarks.container.hostile.CASES` once, at ``SHORT_LIMIT`` (400m).
 ``make e2e-container-full`` (``SIMBRIDGE_E2E_FULL=1``) runs every case at 256m, 400m, 768m and
 1g. Each case prints its checks; the session ends with one table of all of them (also written to
 ``reports/e2e-container/hostile-table.txt``). Every check of
-:func:`benchmarks.container_hostile.checks` must pass.
+:func:`benchmarks.container.hostile.checks` must pass.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.container_hostile import (
+from benchmarks.container.hostile import (
     CASES,
     LIMITS_FULL,
     SHORT_LIMIT,
     run_case,
 )
-from benchmarks.container_rig import MiB
+from benchmarks.container.rig import MiB
 
 OUT = Path(__file__).resolve().parents[2] / "reports" / "e2e-container"
 FULL = os.environ.get("SIMBRIDGE_E2E_FULL") == "1"

@@ -1,6 +1,7 @@
 """Three bridge replicas behind HAProxy, scaled 3 -> 2 -> 3 under load and one SIGKILLed
 (issue 32): run only by ``make e2e-replicas`` (``SIMBRIDGE_E2E_REPLICAS=1``, about a minute,
-HAProxy installed), never by ``make test``. The driver and its report: benchmarks/replicas.py."""
+HAProxy installed), never by ``make test``. The driver and its report:
+benchmarks/replicas/cli.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.replicas import Config, Unavailable, run, summary
+from benchmarks.replicas.cli import Config, Unavailable, run, summary
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("SIMBRIDGE_E2E_REPLICAS") != "1", reason="run by make e2e-replicas"

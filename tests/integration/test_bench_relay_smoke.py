@@ -1,4 +1,4 @@
-"""Keeps ``benchmarks.relay`` from rotting: one tiny cell per target through the real machinery
+"""Keeps ``benchmarks.relay.cli`` from rotting: one tiny cell per target through the real machinery
 (bridge and raw relays as child processes, the benchmark's sink and clients in this process).
 
 Speed is not asserted (CI timings are noise); the accounting is: every message a client sent
@@ -11,7 +11,7 @@ import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks import relay
+from benchmarks.relay import cli as relay
 from tests.integration.harness import http_get
 
 

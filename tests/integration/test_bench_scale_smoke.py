@@ -1,4 +1,4 @@
-"""Keeps ``make bench-scale`` (benchmarks/scale.py) from rotting: N = 1 and 2 real bridge
+"""Keeps ``make bench-scale`` (benchmarks/scale/cli.py) from rotting: N = 1 and 2 real bridge
 processes, both workloads, 2 s cells, run as the Makefile runs it (a subprocess). Speeds are
 not asserted (noise here); the report's fields, its accounting and the statements of its limits
 are: that the generator shares the bridge's cores (always, without --cores) and whether it
@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.scale_report import format_report, model_rows
-from benchmarks.scale_run import CellResult, GroupInfo
+from benchmarks.scale.report import format_report, model_rows
+from benchmarks.scale.run import CellResult, GroupInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def test_tiny_run_reports_every_field_and_says_the_generator_shares_the_cores(
     out = tmp_path / "scale.json"
     proc = subprocess.run(
         [
-            *(sys.executable, "-m", "benchmarks.scale", "--procs", "1,2"),
+            *(sys.executable, "-m", "benchmarks.scale.cli", "--procs", "1,2"),
             *("--duration", "2", "--warmup", "0.3", "--cloud-conns", "4", "--small-conns", "16"),
             *("--json", str(out)),
         ],

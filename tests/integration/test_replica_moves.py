@@ -17,7 +17,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import numpy as np
 import pytest
 
-from benchmarks.replicas_proxy import SwitchProxy
+from benchmarks.replicas.proxy import SwitchProxy
 from bridge.client import EdgeClient, StreamSpec
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.sink import SinkServer

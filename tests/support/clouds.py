@@ -1,4 +1,4 @@
-"""Point clouds the tests and ``benchmarks.decimate`` share: synthetic inputs (a 64-beam lidar
+"""Point clouds the tests and ``benchmarks.decimate.cli`` share: synthetic inputs (a 64-beam lidar
 sweep, a uniform cube) and a reader for recorded frames (.pcd/.ply through Open3D, KITTI-style
 .bin). Deterministic for a given seed."""
 

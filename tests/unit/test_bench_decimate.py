@@ -1,4 +1,4 @@
-"""Smoke test of ``make bench-decimate`` (``python -m benchmarks.decimate``) on a tiny input
+"""Smoke test of ``make bench-decimate`` (``python -m benchmarks.decimate.cli``) on a tiny input
 (figures are not asserted)."""
 
 from __future__ import annotations
@@ -14,23 +14,23 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks import decimate_peers
-from benchmarks.decimate import main, synthetic_case
-from benchmarks.decimate_peers import pcl_harness, pcl_timed
+from benchmarks.decimate import peers as decimate_peers
+from benchmarks.decimate.cli import main, synthetic_case
+from benchmarks.decimate.peers import pcl_harness, pcl_timed
 from bridge.decimate import available_backends
 from tests.support.clouds import lidar_like, uniform
 
 
 def test_help_names_the_command_a_user_types() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.decimate", "--help"],
+        [sys.executable, "-m", "benchmarks.decimate.cli", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=Path(__file__).resolve().parents[2],
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("usage: python -m benchmarks.decimate")
+    assert proc.stdout.startswith("usage: python -m benchmarks.decimate.cli")
     assert "--quick" in proc.stdout
 
 
@@ -173,7 +173,7 @@ def test_cpu_time_runs_print_no_thread_speed_up() -> None:
     """Under ``--cpu-time`` a two-thread call's time is both threads' CPU time, so "c x2 / c x1"
     would read as a slow-down (0.5 for a perfect speed-up): the summary says n/a instead; wall
     time still gives the ratio."""
-    from benchmarks.decimate import Row
+    from benchmarks.decimate.cli import Row
 
     def row(method: str, mpts: float) -> Row:
         return Row("lidar 1M v0.2", "lidar", 1_000_000, 0.2, method, mpts, 1 / mpts, 1, None)

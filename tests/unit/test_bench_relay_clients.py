@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks._relay_clients import bridge_encoder
+from benchmarks.relay.clients import bridge_encoder
 from bridge.client.payload import PreparedPayload, encode_frame
 from bridge.v1 import bridge_pb2 as pb
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from benchmarks._relay_common import CellResult
-from benchmarks._relay_output import report_footer
+from benchmarks.relay.common import CellResult
+from benchmarks.relay.output import report_footer
 
 
 def cell(target: str, rate: float, bench_cpu: float, ratio: float | None = None) -> CellResult:

@@ -57,7 +57,7 @@ def _imported_roots(path: Path) -> set[str]:
 
 
 def test_launcher_needs_only_the_standard_library() -> None:
-    """tests/integration/harness.py and benchmarks/relay.py import it; neither may pull in
+    """tests/integration/harness.py and benchmarks/relay/cli.py import it; neither may pull in
     matplotlib, rich or jsonschema (the loadgen extra)."""
     roots = _imported_roots(ROOT / "loadgen" / "launch.py") - {"__future__"}
     assert roots <= set(sys.stdlib_module_names), roots - set(sys.stdlib_module_names)

@@ -75,7 +75,9 @@ def _modules_using_websockets() -> list[Path]:
 
 
 def _is_adapter(path: Path) -> bool:
-    return path.parent == BRIDGE / "server" and (path.name.startswith("ws_") or path.name == "wsmeter.py")
+    return path.parent == BRIDGE / "server" and (
+        path.name.startswith("ws_") or path.name == "wsmeter.py"
+    )
 
 
 def _problems(path: Path) -> list[str]:

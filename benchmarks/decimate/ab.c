@@ -1,6 +1,6 @@
 /*
- * decimate_ab.c - two builds of the CPU kernel side by side in one process (used by
- * decimate_ab.sh): both shared libraries are loaded, called alternately on the same cloud, and
+ * ab.c - two builds of the CPU kernel side by side in one process (used by
+ * ab.sh): both shared libraries are loaded, called alternately on the same cloud, and
  * timed with the calling thread's CPU time, so a shared machine's load hits both alike.
  *
  *   decimate_ab A.so B.so CLOUD VOXEL CALLS [THREADS]

@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from benchmarks._relay_common import (
+from benchmarks.relay.common import (
     ACK_EVERY,
     ACK_IDLE_SECONDS,
     MAX_FRAME_BYTES,
@@ -19,7 +19,7 @@ from benchmarks._relay_common import (
     Cell,
     scan_processed,
 )
-from benchmarks._relay_servers import RAW_SINK_METHOD, grpc_options
+from benchmarks.relay.servers import RAW_SINK_METHOD, grpc_options
 from bridge.protocol.wire import field_key, repeated_spans
 from bridge.v1 import bridge_pb2 as pb
 

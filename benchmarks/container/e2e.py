@@ -1,7 +1,7 @@
 """``make e2e-container``'s scenarios: the bridge in a real container, resized live under load,
 through ``podman update`` directly and through the Kubernetes stand-in.
 
-Run one by hand: ``python -m benchmarks.container_e2e --path podman`` (or ``kube``); the table is
+Run one by hand: ``python -m benchmarks.container.e2e --path podman`` (or ``kube``); the table is
 printed and the PNG + JSON go to ``--out``. The pytest wrapper is ``tests/e2e``.
 """
 
@@ -15,9 +15,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import container_report as report
-from benchmarks.container_resize import PodmanResizer, Resizer
-from benchmarks.container_rig import (
+from benchmarks.container import report
+from benchmarks.container.resize import PodmanResizer, Resizer
+from benchmarks.container.rig import (
     ContainerRig,
     Load,
     MiB,
@@ -71,7 +71,7 @@ async def run_scenario(
     start: tuple[float, int] = (START_CPU, START_MEMORY),
 ) -> Outcome:
     """One rig run through ``path`` (``podman`` or ``kube``), its table, PNG and JSON."""
-    from benchmarks import container_kube
+    from benchmarks.container import kube as container_kube
 
     rig = ContainerRig(
         RigConfig(image=image, cpu=start[0], memory=start[1], load=load or Load()),
@@ -113,9 +113,9 @@ async def run_scenario(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks import container_env
+    from benchmarks.container import env as container_env
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks.container_e2e", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.container.e2e", description=__doc__)
     p.add_argument("--path", choices=("podman", "kube"), default="podman")
     p.add_argument("--out", type=Path, default=Path("reports/e2e-container"))
     args = p.parse_args(argv)

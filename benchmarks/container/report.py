@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.container_rig import ContainerRig, MiB, Sample
+from benchmarks.container.rig import ContainerRig, MiB, Sample
 
 BUDGET_METRICS = (
     ("bridge_memory_budget_bytes", "governor budget"),

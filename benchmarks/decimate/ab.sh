@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# decimate_ab.sh [REV] - the CPU kernel of REV (default main) against the working tree's, side by
-# side in one process per input (benchmarks/decimate_ab.c), one thread, CPU time: the vendored
+# ab.sh [REV] - the CPU kernel of REV (default main) against the working tree's, side by
+# side in one process per input (benchmarks/decimate/ab.c), one thread, CPU time: the vendored
 # real frames at 2 cm and synthetic lidar (100k, 1M) at 0.2 m. Ratios, not rates, are the
 # finding on a shared machine. Needs gcc and (for the .pcd frames) Open3D; writes build/ab/.
 # THREADS=N (N > 1): thread scaling of both builds instead, wall clock, on the lidar clouds
-# (x1 and xN of A and B interleaved in every round; see decimate_ab.c).
+# (x1 and xN of A and B interleaved in every round; see ab.c).
 # SHAPES=1: also the synthetic lidar-shuffled and uniform clouds (100k, 1M at 0.2 m), one thread.
 set -euo pipefail
 REV=${1:-main}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$ROOT/build/ab
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 mkdir -p "$OUT/rev"
@@ -20,11 +20,11 @@ kernel() { # kernel SRC_DIR OUT.so
 }
 kernel "$OUT/rev/native" "$OUT/before.so"
 kernel "$ROOT/native" "$OUT/after.so"
-gcc -std=c11 -O2 -I"$ROOT/native" -o "$OUT/decimate_ab" "$ROOT/benchmarks/decimate_ab.c" -ldl
+gcc -std=c11 -O2 -I"$ROOT/native" -o "$OUT/decimate_ab" "$ROOT/benchmarks/decimate/ab.c" -ldl
 PYTHONPATH=$ROOT "$PY" - "$OUT" <<'PYEOF'
 import sys
 from pathlib import Path
-from benchmarks.decimate import DEFAULT_PCL, real_case, synthetic_case
+from benchmarks.decimate.cli import DEFAULT_PCL, real_case, synthetic_case
 out = Path(sys.argv[1])
 for p in sorted(DEFAULT_PCL.glob("*.pcd")):
     case = real_case(p, 0.02)

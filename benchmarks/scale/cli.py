@@ -42,10 +42,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks._relay_sink import BenchSink
 from benchmarks.hostinfo import cpu_description
-from benchmarks.scale_report import format_report, model_rows, plot
-from benchmarks.scale_run import CellResult, GroupInfo, ScaleGroup, run_cell, workloads
+from benchmarks.relay.sink import BenchSink
+from benchmarks.scale.report import format_report, model_rows, plot
+from benchmarks.scale.run import CellResult, GroupInfo, ScaleGroup, run_cell, workloads
 from loadgen.resize import rss_bytes
 
 TRANSPORTS = ("ws", "grpc")
@@ -68,7 +68,7 @@ def _csv(kind: Callable[[str], Any], choices: Sequence[Any] | None = None) -> An
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.scale",
+        prog="python -m benchmarks.scale.cli",
         description="Aggregate decimated clouds/s and 1 KB frames/s at N bridge processes.",
     )
     p.add_argument("--procs", type=_csv(int), default=[1, 2, 4, 8], help="e.g. 1,2,4,8")

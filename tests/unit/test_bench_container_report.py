@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.container_probe import parse_metrics, round_up
-from benchmarks.container_report import checks, render, step_table
-from benchmarks.container_rig import ContainerRig, MiB, RigConfig, Sample, StepResult
+from benchmarks.container.probe import parse_metrics, round_up
+from benchmarks.container.report import checks, render, step_table
+from benchmarks.container.rig import ContainerRig, MiB, RigConfig, Sample, StepResult
 
 
 def _clean_rig() -> ContainerRig:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.container_rig import ContainerRig
+from benchmarks.container.rig import ContainerRig
 from bridge.resources.kubeapi import ENV_API, ENV_POD_NAME, ENV_POD_NAMESPACE
 from bridge.resources.quantity import to_bytes, to_millicores
 from loadgen.kubesim_podman import PodmanActuator
@@ -43,7 +43,7 @@ def seam_missing() -> str | None:
 
 
 class KubeResizer:
-    """A :class:`~benchmarks.container_rig.Resizer` through the stand-in's resize subresource."""
+    """A :class:`~benchmarks.container.rig.Resizer` through the stand-in's resize subresource."""
 
     def __init__(self, sim: Any, url: str) -> None:
         self.sim, self.url = sim, url

@@ -1,4 +1,4 @@
-"""The raw-transport baselines for ``benchmarks.relay``: the least a relay can do.
+"""The raw-transport baselines for ``benchmarks.relay.cli``: the least a relay can do.
 
 A relay process accepts edge connections over WebSocket or gRPC and forwards every message's
 bytes, unchanged, over ONE ``grpc.aio`` stream to the benchmark's sink. No protobuf, no acks,
@@ -7,7 +7,7 @@ is the ceiling the bridge's passthrough mode is compared against. It runs as its
 (like the bridge) so that it gets its own interpreter and GIL and competes for the CPU exactly
 as the bridge does.
 
-Run: ``python -m benchmarks._relay_servers {ws,grpc} --sink HOST:PORT --max-bytes N``; it prints
+Run: ``python -m benchmarks.relay.servers {ws,grpc} --sink HOST:PORT --max-bytes N``; it prints
 ``RELAY_READY port=N`` once listening and exits on SIGTERM.
 
 Both relays share one bounded queue in front of the sink stream: a gRPC stream allows one write
@@ -138,7 +138,7 @@ async def main_async(kind: str, host: str, sink: str, max_bytes: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks._relay_servers")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.relay.servers")
     parser.add_argument("kind", choices=["ws", "grpc"])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--sink", required=True, help="HOST:PORT of the benchmark's sink")

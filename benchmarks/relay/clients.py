@@ -15,7 +15,7 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from benchmarks._relay_common import (
+from benchmarks.relay.common import (
     _DRAIN_TAG,
     _ERROR_TAG,
     _FLOW_TAG,
@@ -25,7 +25,7 @@ from benchmarks._relay_common import (
     Cell,
     Conn,
 )
-from benchmarks._relay_servers import RELAY_INGEST_METHOD, grpc_options
+from benchmarks.relay.servers import RELAY_INGEST_METHOD, grpc_options
 from bridge.client.payload import PreparedPayload, encode_frame
 from bridge.protocol.batches import edge_batch
 from bridge.v1 import bridge_pb2 as pb

@@ -16,7 +16,7 @@ What is measured: per device, every outage (connected -> connected again: "accep
 at the sink, unique frames against published ones (lost), frames received more than once (raw
 resends the sink dropped), frames out of order, gaps announced; at the edges, frames resent.
 
-    python -m benchmarks.replicas [--devices 24] [--rate 10] [--json out.json]
+    python -m benchmarks.replicas.cli [--devices 24] [--rate 10] [--json out.json]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.hostinfo import cpu_description
-from benchmarks.replicas_haproxy import HAProxy, Unavailable
+from benchmarks.replicas.haproxy import HAProxy, Unavailable
 from bridge.client import EdgeClient, StreamSpec
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.launch import ChildProcess, serve_command

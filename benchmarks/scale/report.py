@@ -1,4 +1,4 @@
-"""``make bench-scale``'s output (:mod:`benchmarks.scale`): the table, the statements of what
+"""``make bench-scale``'s output (:mod:`benchmarks.scale.cli`): the table, the statements of what
 limited the run, N = 2 against N = 1, the model from the measured per-frame costs, the plot."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scale_run import GEN_LOOP_LAGGED, CellResult, GroupInfo
+from benchmarks.scale.run import GEN_LOOP_LAGGED, CellResult, GroupInfo
 
 MiB = 1 << 20
 MODEL_CORES = (2, 4, 8, 12, 16)

@@ -2,7 +2,7 @@
 ``make e2e-container`` (a short set at one limit) and ``make e2e-container-full`` (every case at
 256m, 400m, 768m and 1g).
 
-Each case runs the project's image with podman (:class:`benchmarks.container_rig.ContainerRig`'s
+Each case runs the project's image with podman (:class:`benchmarks.container.rig.ContainerRig`'s
 flags, ``--max-frame-bytes`` 16 MiB), one well-behaved WebSocket edge publishing all along
 (``simbridge-loadgen publish``, its own process), the attackers of :mod:`benchmarks.hostile` in
 another process, and the reference sink, which is *down* while the attack starts and comes up
@@ -21,7 +21,7 @@ What is asserted (:func:`checks`), measured from outside the bridge:
     thread of the harness);
   * the attack really ran (every attacker sent something), and a shrink really shrank.
 
-Run one by hand: ``python -m benchmarks.container_hostile --case ignore-pause --limit 400``.
+Run one by hand: ``python -m benchmarks.container.hostile --case ignore-pause --limit 400``.
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import container_report as report
-from benchmarks.container_good_edge import GoodEdge, good_edge_at_sink
-from benchmarks.container_probe import HealthProbe, free_port, round_up
-from benchmarks.container_resize import DirectResizer
-from benchmarks.container_rig import (
+from benchmarks.container import report
+from benchmarks.container.good_edge import GoodEdge, good_edge_at_sink
+from benchmarks.container.probe import HealthProbe, free_port, round_up
+from benchmarks.container.resize import DirectResizer
+from benchmarks.container.rig import (
     MIN_BUDGET,
     SAMPLE_S,
     ContainerRig,
@@ -547,9 +547,9 @@ async def run_case(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks import container_env
+    from benchmarks.container import env as container_env
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks.container_hostile", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.container.hostile", description=__doc__)
     p.add_argument("--case", action="append", choices=sorted(CASES), help="repeatable; all")
     p.add_argument(
         "--limit", action="append", type=int, metavar="MIB", help="repeatable; 400 by default"

@@ -14,7 +14,7 @@ from pathlib import Path
 from bridge.protocol.wire import WIRE_LEN, WIRE_VARINT, decode_varint, field_number, key_byte
 from bridge.v1 import bridge_pb2 as pb
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
 SIZES: dict[str, int] = {"1KB": 1024, "100KB": 100 * 1024, "1.2MB": 1_200_000}

@@ -1,8 +1,8 @@
-"""One process count of ``make bench-scale`` (:mod:`benchmarks.scale`): N ``simbridge serve
+"""One process count of ``make bench-scale`` (:mod:`benchmarks.scale.cli`): N ``simbridge serve
 --reuse-port`` processes on one port pair, the relay benchmark's closed-loop clients and sink in
 this process, and the CPU of every thread of every process, cut at the measured window.
 
-Reused from the relay benchmark (:mod:`benchmarks.relay`): the process group (shared ports, each
+Reused from the relay benchmark (:mod:`benchmarks.relay.cli`): the process group (shared ports, each
 process with its own push stream to the sink), the sink (watermark first, cumulative acks; every
 arrival routed to its connection, order and exactly-once checked) and the clients (``window``
 frames in flight per connection, a sink arrival releases the next send). What this adds: a
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._relay_clients import GrpcClient, Payload, WsClient, bridge_encoder
-from benchmarks._relay_common import DRAIN_TIMEOUT, Cell
-from benchmarks.relay import ServerGroup
+from benchmarks.relay.cli import ServerGroup
+from benchmarks.relay.clients import GrpcClient, Payload, WsClient, bridge_encoder
+from benchmarks.relay.common import DRAIN_TIMEOUT, Cell
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.clouds import lidar_xyzi
 from loadgen.resize import rss_bytes

@@ -8,7 +8,8 @@ baseline during one cold call (Linux ``/proc/self/clear_refs``). The GIL line ru
 Python threads decimating at once and reports their combined throughput over one thread's:
 ~2x on two cores means the method really runs in parallel in a worker pool.
 
-Run ``python -m benchmarks.decimate --help`` for the input sets (``make bench-decimate ARGS=...``
+Run ``python -m benchmarks.decimate.cli --help`` for the input sets (``make bench-decimate
+ARGS=...``
 passes them through).
 """
 
@@ -30,8 +31,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks.decimate_measure import Runner, key_frame_guesses, peak_mb, time_runs
-from benchmarks.decimate_peers import (
+from benchmarks.decimate.measure import Runner, key_frame_guesses, peak_mb, time_runs
+from benchmarks.decimate.peers import (
     Timed,
     interleaved_peers,
     load_avg,
@@ -49,7 +50,7 @@ from bridge.protocol.cloud import CloudLayout, make_layout
 from tests.support.clouds import lidar_like, read_frame, uniform
 
 XYZ_LAYOUT = make_layout(12, [("x", 0, 7), ("y", 4, 7), ("z", 8, 7)])
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PCL = REPO / "tests" / "data" / "pcl"  # the PCL frames, vendored (BSD-3-Clause)
 
 
@@ -281,7 +282,7 @@ def gil_figure(name: str, run: Runner, points: int, rounds: int) -> GilRow:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.decimate",
+        prog="python -m benchmarks.decimate.cli",
         description=(
             "Benchmark voxel decimation: numpy, C (1 thread and all CPUs), CUDA when present, "
             "and Open3D's legacy and tensor voxel_down_sample on the same clouds in one run "
@@ -493,7 +494,7 @@ def _fmt_row(r: Row) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``python -m benchmarks.decimate``; returns the exit status."""
+    """Entry point for ``python -m benchmarks.decimate.cli``; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     for folder in [] if args.no_real else args.real:  # an error, never a smaller benchmark

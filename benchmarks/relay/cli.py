@@ -1,4 +1,4 @@
-"""Bridge relay vs the raw transport (``make bench-relay`` = ``python -m benchmarks.relay``).
+"""Bridge relay vs the raw transport (``make bench-relay`` = ``python -m benchmarks.relay.cli``).
 
 What it answers: how much throughput and latency the bridge's passthrough path costs compared with
 the least any relay must do, measured side by side in one run on the same machine
@@ -7,7 +7,7 @@ Target: bridge/raw msgs/s >= 0.6 at 1.2 MB.
 
 Targets (each relay is its own process; load clients and the sink share this one):
 
-- ``raw-ws`` / ``raw-grpc``: :mod:`benchmarks._relay_servers`, a relay that forwards each received
+- ``raw-ws`` / ``raw-grpc``: :mod:`benchmarks.relay.servers`, a relay that forwards each received
   WebSocket / gRPC message's bytes over one ``grpc.aio`` stream to the sink. No protocol, no acks.
   The clients send opaque messages of the same wire size as the bridge's, with the send time, the
   connection and the sequence number in the first 16 bytes.
@@ -59,8 +59,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._relay_clients import GrpcClient, Payload, WsClient
-from benchmarks._relay_common import (
+from benchmarks.relay.clients import GrpcClient, Payload, WsClient
+from benchmarks.relay.common import (
     BATCH_MAX_BYTES,
     CONNS,
     DRAIN_TIMEOUT,
@@ -75,8 +75,8 @@ from benchmarks._relay_common import (
     CellResult,
     scan_processed,
 )
-from benchmarks._relay_group import reserve_shared_ports, shared_port_args, spread_line
-from benchmarks._relay_output import (
+from benchmarks.relay.group import reserve_shared_ports, shared_port_args, spread_line
+from benchmarks.relay.output import (
     attach_ratios,
     format_report,
     format_row,
@@ -85,7 +85,7 @@ from benchmarks._relay_output import (
     summarize,
     write_json,
 )
-from benchmarks._relay_sink import BenchSink
+from benchmarks.relay.sink import BenchSink
 from loadgen.launch import READY, ChildProcess
 from loadgen.resize import rss_bytes
 
@@ -143,7 +143,7 @@ class ServerProcess:
 
 class ServerGroup:
     """``--bridge-procs N``: N bridge processes on one port pair, used as one relay target
-    (shared ports, CPU summed; :mod:`benchmarks._relay_group`)."""
+    (shared ports, CPU summed; :mod:`benchmarks.relay.group`)."""
 
     def __init__(self, sink: str, extra: Sequence[str], procs: int) -> None:
         self._held, (ws, grpc_port) = reserve_shared_ports(2)
@@ -202,7 +202,7 @@ def bridge_process(sink: str, extra: Sequence[str] = ()) -> ServerProcess:
 
 
 def raw_relay_process(kind: str, sink: str) -> ServerProcess:
-    cmd = [sys.executable, "-m", "benchmarks._relay_servers", kind, "--sink", sink]
+    cmd = [sys.executable, "-m", "benchmarks.relay.servers", kind, "--sink", sink]
     cmd += ["--max-bytes", str(MAX_FRAME_BYTES + 64 * 1024)]
     return ServerProcess(f"raw-{kind}", cmd, "RELAY_READY")
 
@@ -376,7 +376,7 @@ def _csv(kind: Callable[[str], Any], choices: Sequence[Any] | None = None) -> An
 
 def parse_args(argv: Sequence[str] | None) -> tuple[BenchConfig, Path | None]:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.relay",
+        prog="python -m benchmarks.relay.cli",
         description="Bridge (passthrough) vs raw WebSocket/gRPC relays: msgs/s, MB/s, latency.",
     )
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per cell")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from benchmarks.container_hostile import good_edge_at_sink
+from benchmarks.container.hostile import good_edge_at_sink
 from benchmarks.hostile import (
     STRIDE,
     cloud_message,

@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.container_probe import ULIMITS
-from benchmarks.container_rig import REPO
+from benchmarks.container.probe import ULIMITS
+from benchmarks.container.rig import REPO
 
 SCRIPTS = REPO / "scripts" / "container"
 RUNTIME = "/usr/sbin/runc"

@@ -1,5 +1,6 @@
 """How `make bench-decimate` measures a method: repeated timings within a budget, the
-resident high-water mark of one call, and the C kernel's key-frame guesses (benchmarks/decimate.py
+resident high-water mark of one call, and the C kernel's key-frame guesses
+(benchmarks/decimate/cli.py
 keeps the cases, the table and the command line)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import gc
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.decimate_peers import CLOCK
+from benchmarks.decimate.peers import CLOCK
 from bridge.decimate.backends import available_backends
 
 #: one call of a method on a case: returns the output point count

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.container_probe import (
+from benchmarks.container.probe import (
     ULIMITS,
     cgroup_anon,
     free_port,
@@ -45,7 +45,7 @@ from benchmarks.container_probe import (
     process_rss,
     round_up,
 )
-from benchmarks.container_resize import Resizer
+from benchmarks.container.resize import Resizer
 from bridge.resources.from_settings import memory_headroom_bytes as governor_headroom
 from loadgen.kubesim_podman import ContainerCgroup, Podman, PodmanError
 
@@ -53,7 +53,7 @@ MiB = 1 << 20
 LABEL = "simbridge-e2e"
 SAMPLE_S = 0.1
 MIN_BUDGET = 16 * MiB  # the least data budget a "working-set" step leaves the governor
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------- steps and samples

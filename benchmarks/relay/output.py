@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from benchmarks._relay_clients import Payload
-from benchmarks._relay_common import SIZES, BenchConfig, Cell, CellResult
 from benchmarks.hostinfo import cpu_description
+from benchmarks.relay.clients import Payload
+from benchmarks.relay.common import SIZES, BenchConfig, Cell, CellResult
 
 
 def _slice_rates(arrivals: np.ndarray, t0: int, t1: int) -> np.ndarray:

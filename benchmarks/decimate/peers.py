@@ -1,4 +1,4 @@
-"""What ``benchmarks/decimate.py`` measures besides our backends: PCL's ``VoxelGrid`` (a small
+"""What ``benchmarks/decimate/cli.py`` measures besides our backends: PCL's ``VoxelGrid`` (a small
 C++ harness built on demand), the bridge's in-service path, and real frames from disk.
 
 PCL is the strongest CPU peer for voxel decimation, but a Python binding would measure the
@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from bridge.protocol.cloud import CloudLayout
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HARNESS_SRC = Path(__file__).with_name("pcl_voxelgrid.cpp")
 HARNESS_BIN = REPO / "build" / "bench" / "pcl_voxelgrid"
 

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from string import Template
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "examples" / "haproxy" / "haproxy.cfg"
 BACKENDS = ("bridges_ws", "bridges_grpc")
 SLOTS = ("r1", "r2", "r3")

@@ -1,4 +1,4 @@
-// PCL VoxelGrid timing harness for benchmarks/decimate.py (built on demand, never shipped).
+// PCL VoxelGrid timing harness for benchmarks/decimate/cli.py (built on demand, never shipped).
 // Usage: pcl_voxelgrid FILE HAS_RGB VOXEL REPEATS [wall|cpu]
 //   FILE: little-endian records of float32 x, y, z (+ uint32 packed rgb when HAS_RGB is 1),
 //   finite points only (PCL keeps NaN handling to the caller too). Prints

@@ -1,0 +1,1 @@
+"""``make bench-decimate``: our voxel backends against Open3D and PCL, side by side."""

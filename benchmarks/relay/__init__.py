@@ -1,0 +1,1 @@
+"""``make bench-relay``: edges → bridge → sink at full speed, CPU per message side by side."""

@@ -1,0 +1,1 @@
+"""``make e2e-replicas``: several bridges behind HAProxy, devices moved without loss."""
