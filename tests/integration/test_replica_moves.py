@@ -17,11 +17,11 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import numpy as np
 import pytest
 
-from benchmarks.replicas.proxy import SwitchProxy
 from bridge.client import EdgeClient, StreamSpec
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.sink import SinkServer
 from tests.integration.harness import BridgeProcess, serve_process, wait_until
+from tests.support.switchproxy import SwitchProxy
 
 CLOUD = np.zeros((4, 3), np.float32)
 
