@@ -3,8 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Iterable
+
 import numpy as np
 import zstandard
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from bridge.protocol import compress
 from bridge.protocol.cloud import make_layout
@@ -51,3 +57,36 @@ def quantized_stream(stream_id: str) -> pb.StreamSpec:
 def batch_of(frames: list[pb.Frame]) -> bytes:
     """One ``EdgeMessage{batch}`` carrying ``frames``."""
     return pb.EdgeMessage(batch=pb.FrameBatch(frames=frames)).SerializeToString()
+
+
+async def ws_bomber(
+    url: str,
+    device_id: str,
+    messages: Iterable[bytes],
+    *,
+    read_timeout_s: float,
+    yield_each: bool = False,
+) -> tuple[int | None, list[pb.Error]]:
+    """Say Hello on stream ``q`` (:func:`quantized_stream`), send ``messages`` until the bridge
+    closes the connection, then read to its end (within ``read_timeout_s``): (close code,
+    Errors received). ``yield_each``: give the loop a turn after each send."""
+    errors: list[pb.Error] = []
+    async with connect(url, max_size=None, compression=None, ping_interval=None) as ws:
+        hello = pb.Hello(device_id=device_id, streams=[quantized_stream("q")])
+        await ws.send(pb.EdgeMessage(hello=hello).SerializeToString())
+
+        async def read() -> None:
+            with contextlib.suppress(ConnectionClosed):
+                async for raw in ws:
+                    msg = pb.BridgeMessage.FromString(raw)  # type: ignore[arg-type]
+                    if msg.WhichOneof("kind") == "error":
+                        errors.append(msg.error)
+
+        reader = asyncio.create_task(read())
+        with contextlib.suppress(ConnectionClosed):
+            for message in messages:
+                await ws.send(message)
+                if yield_each:
+                    await asyncio.sleep(0)
+        await asyncio.wait_for(reader, read_timeout_s)
+        return ws.close_code, errors

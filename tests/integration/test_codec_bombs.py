@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 import pytest
-from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
 
 from bridge.resources.from_settings import memory_headroom_bytes
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.edge import EdgeClient, StreamConfig
 from loadgen.sink import SinkServer
+from tests import codec_bombs
 from tests.codec_bombs import batch_of, frame, quantized_bomb, quantized_stream
 from tests.integration.harness import (
     BridgeProcess,
@@ -81,26 +80,8 @@ def bombs() -> tuple[list[bytes], bytes]:
 async def ws_bomber(url: str) -> tuple[int | None, list[pb.Error]]:
     """Bombs until the bridge closes the connection: (close code, Errors received)."""
     singles, batch = bombs()
-    errors: list[pb.Error] = []
-    async with connect(url, max_size=None, compression=None, ping_interval=None) as ws:
-        hello = pb.Hello(device_id="bomber", streams=[quantized_stream("q")])
-        await ws.send(pb.EdgeMessage(hello=hello).SerializeToString())
-
-        async def read() -> None:
-            with contextlib.suppress(ConnectionClosed):
-                async for raw in ws:
-                    msg = pb.BridgeMessage.FromString(raw)  # type: ignore[arg-type]
-                    if msg.WhichOneof("kind") == "error":
-                        errors.append(msg.error)
-
-        reader = asyncio.create_task(read())
-        with contextlib.suppress(ConnectionClosed):
-            for _ in range(20):
-                for message in [*singles, batch]:
-                    await ws.send(message)
-                    await asyncio.sleep(0)
-        await asyncio.wait_for(reader, 60)
-        return ws.close_code, errors
+    rounds = (message for _ in range(20) for message in [*singles, batch])
+    return await codec_bombs.ws_bomber(url, "bomber", rounds, read_timeout_s=60, yield_each=True)
 
 
 async def grpc_bomber(target: str) -> tuple[str, list[pb.Error]]:

@@ -5,14 +5,10 @@ closed and the good edge stalled 5.5 s)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
-from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
+from collections.abc import Iterator
 
 from bridge.v1 import bridge_pb2 as pb
-from tests.codec_bombs import frame, quantized_bomb, quantized_stream
+from tests.codec_bombs import frame, quantized_bomb, ws_bomber
 from tests.integration.harness import running_bridge
 
 MiB = 1 << 20
@@ -24,25 +20,13 @@ async def test_decodes_that_never_fit_close_their_sender() -> None:
     async with running_bridge(ring_budget_bytes=64 * MiB, max_frame_bytes=16 * MiB) as bridge:
         assert bridge.ports is not None
         url = f"ws://127.0.0.1:{bridge.ports.ws}/v1/ingest"
-        errors: list[pb.Error] = []
-        async with connect(url, max_size=None, compression=None, ping_interval=None) as ws:
-            hello = pb.Hello(device_id="never-fits", streams=[quantized_stream("q")])
-            await ws.send(pb.EdgeMessage(hello=hello).SerializeToString())
 
-            async def read() -> None:
-                with contextlib.suppress(ConnectionClosed):
-                    async for raw in ws:
-                        msg = pb.BridgeMessage.FromString(raw)  # type: ignore[arg-type]
-                        if msg.WhichOneof("kind") == "error":
-                            errors.append(msg.error)
+        def bombs() -> Iterator[bytes]:
+            for seq in range(1, 41):
+                bomb.frame.seq = seq
+                yield bomb.SerializeToString()
 
-            reader = asyncio.create_task(read())
-            with contextlib.suppress(ConnectionClosed):
-                for seq in range(1, 41):
-                    bomb.frame.seq = seq
-                    await ws.send(bomb.SerializeToString())
-            await asyncio.wait_for(reader, 20)
-            code = ws.close_code
+        code, errors = await ws_bomber(url, "never-fits", bombs(), read_timeout_s=20)
     never_fits = [e for e in errors if e.code == pb.TOO_LARGE]
     fatal = [e for e in errors if e.fatal]
     assert never_fits, [pb.ErrorCode.Name(e.code) for e in errors]
