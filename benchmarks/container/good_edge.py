@@ -23,6 +23,12 @@ class GoodEdge:
     disconnects: int = -1
     stall_s: float = -1.0  # longest time without a good frame at the sink, sink up..attack end
     first_after_s: float = -1.0  # sink up → its first good frame
+    #: Where the longest stall went, from the frame that ended it (its own timestamps, one
+    #: clock: the container shares the host's): edge capture → bridge accept → processed →
+    #: at the sink, and the longest gap between the edge's captures over the window (the edge
+    #: itself lagging: the publisher, not the bridge). -1 when unknown.
+    stall_end_delays_s: tuple[float, float, float] = (-1.0, -1.0, -1.0)
+    capture_gap_s: float = -1.0
 
 
 def good_edge_at_sink(
@@ -33,6 +39,7 @@ def good_edge_at_sink(
     out = GoodEdge()
     seen: set[tuple[str, str, int]] = set()
     arrivals: list[int] = []
+    stamps: dict[int, tuple[int, int, int]] = {}  # received_ns -> capture, ingest, processed
     total = 0
     if record.exists():
         with record.open() as f:
@@ -43,6 +50,7 @@ def good_edge_at_sink(
                 total += 1
                 seen.add((rec.device_id, rec.stream_id, rec.seq))
                 arrivals.append(rec.received_ns)
+                stamps[rec.received_ns] = (rec.capture_ns, rec.ingest_ns, rec.processed_ns)
     out.delivered, out.duplicated = len(seen), total - len(seen)
     if "published" in publish:
         out.published = int(publish["published"])
@@ -57,4 +65,15 @@ def good_edge_at_sink(
         marks = [start, *inside, end]
         out.stall_s = max(b - a for a, b in itertools.pairwise(marks)) / 1e9
         out.first_after_s = (inside[0] - start) / 1e9 if inside else (end - start) / 1e9
+        ended_by = max(itertools.pairwise(marks), key=lambda ab: ab[1] - ab[0])[1]
+        if ended_by in stamps and all(stamps[ended_by]):
+            capture, ingest, processed = stamps[ended_by]
+            out.stall_end_delays_s = (
+                (ingest - capture) / 1e9,
+                (processed - ingest) / 1e9,
+                (ended_by - processed) / 1e9,
+            )
+        captures = sorted(stamps[t][0] for t in inside if stamps[t][0])
+        if len(captures) > 1:
+            out.capture_gap_s = max(b - a for a, b in itertools.pairwise(captures)) / 1e9
     return out

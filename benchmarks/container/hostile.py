@@ -357,7 +357,10 @@ def checks(rig: HostileRig) -> list[report.Check]:
             f"good edge: longest stall with the sink up ≤ {STALL_BOUND_S:g} s",
             rig.died_t is None and 0 <= g.stall_s <= STALL_BOUND_S,
             f"longest stall {g.stall_s:.2f} s, first frame {g.first_after_s:.2f} s after the sink "
-            "came up"
+            "came up; the frame that ended it: capture→accept {:.2f} s, accept→processed {:.2f} s, "
+            "processed→sink {:.2f} s; the edge's longest capture gap {:.2f} s".format(
+                *g.stall_end_delays_s, g.capture_gap_s
+            )
             + ("; the bridge died, so the good edge stalled for good" if rig.died_t else ""),
         ),
         report.Check(

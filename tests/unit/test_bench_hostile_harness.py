@@ -110,3 +110,22 @@ def test_good_edge_without_a_report_is_not_counted_as_lossless(tmp_path: Path) -
     _record(path, [("good-0", 1, 1, False)])
     good = good_edge_at_sink(path, "good-", (0, 10), {"error": "killed"})
     assert good.lost == -1 and good.published == -1
+
+
+def test_the_longest_stall_is_attributed_to_its_ending_frame(tmp_path: Path) -> None:
+    """The frame that ends the longest stall says where the time went: here it was captured
+    on time (0.1 s after the previous), accepted 0.2 s later, processed in 0.1 s and then sat
+    1.5 s before the sink got it (delivery, not the edge, not processing)."""
+    s = int(1e9)
+    rows = [
+        FrameRecord("good-0", "a", 1, capture_ns=s // 10, ingest_ns=s // 10, processed_ns=s // 10,
+                    received_ns=2 * s // 10),
+        FrameRecord("good-0", "a", 2, capture_ns=2 * s // 10, ingest_ns=4 * s // 10,
+                    processed_ns=5 * s // 10, received_ns=20 * s // 10),
+    ]  # fmt: skip
+    path = tmp_path / "sink.jsonl"
+    path.write_text("".join(encode(r) for r in rows))
+    good = good_edge_at_sink(path, "good-", (0, 21 * s // 10), {"published": 2})
+    assert good.stall_s == pytest.approx(1.8)
+    assert good.stall_end_delays_s == pytest.approx((0.2, 0.1, 1.5))
+    assert good.capture_gap_s == pytest.approx(0.1)
