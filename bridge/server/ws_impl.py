@@ -54,6 +54,7 @@ class WsTransport:
             return None
         if isinstance(data, str):
             self.ws.take(len(data.encode())).release()
+            # ingest refuses it like any ProtocolError from recv: the Error, then close 1007
             raise MalformedMessage("text messages are not accepted; send binary protobuf")
         return Received(data, self.ws.take(len(data)))
 
@@ -138,9 +139,6 @@ async def start_ws_server(
         token = _bearer(ws.request.headers)
         try:
             await edges.serve(transport, token, certificate_names(ws.transport))
-        except MalformedMessage as exc:  # a text frame: refuse like any malformed message
-            metrics.refused("ws", exc.reason)
-            await transport.reject(exc)
         finally:
             # websockets enforces max_size itself (closing with 1009): count it here, whichever
             # of our reads or writes noticed the closed connection first.
