@@ -63,11 +63,15 @@ def frame_record(frame: pb.ProcessedFrame, received_ns: int) -> FrameRecord:
     )
 
 
-def _routed_device(context: Any) -> str:
+def routed_device(context: Any) -> str | None:
+    """The device a bridge's watermark query names (the ``x-simbridge-device`` metadata: a
+    bridge about to welcome that device asks for its watermarks only, docs/protocol.md §10);
+    None on one of its push streams. One reading of that metadata for every sink (the relay
+    benchmark's too)."""
     for key, value in context.invocation_metadata() or ():
         if key == ROUTING_HEADER:
             return str(value)
-    return ""
+    return None
 
 
 class _Servicer(bridge_pb2_grpc.VisualizationSinkServicer):
@@ -205,7 +209,7 @@ class SinkServer:
             await serve_push(
                 requests,
                 context.write,
-                self._watermark_ack(_routed_device(context)),
+                self._watermark_ack(routed_device(context) or ""),
                 self._record_batch,
                 batch_frames=self.ack_batch_frames,
                 clock_ns=self._clock,

@@ -22,6 +22,7 @@ from benchmarks.relay.common import (
 from benchmarks.relay.servers import RAW_SINK_METHOD, grpc_options
 from bridge.protocol.wire import field_key, repeated_spans
 from bridge.v1 import bridge_pb2 as pb
+from loadgen.sink import routed_device
 
 SINK_PUSH_BATCH_METHOD = SINK_PUSH_METHOD + "Batch"
 _IN_BATCH_KEY = field_key(pb.ProcessedFrameBatch.DESCRIPTOR, "frames")
@@ -103,8 +104,7 @@ class BenchSink:
         await self._bridge_push(requests, context, batched=True)
 
     async def _bridge_push(self, requests: Any, context: Any, *, batched: bool = False) -> None:
-        metadata = dict(context.invocation_metadata() or ())
-        if "x-simbridge-device" in metadata:
+        if routed_device(context) is not None:
             # A bridge asking one device's watermarks before it welcomes it (docs/protocol.md
             # section 10): this sink holds none; not one of the bridge's push streams.
             await context.write(pb.SinkAck(bridge_seq=0).SerializeToString())
