@@ -21,7 +21,7 @@ from tests.integration.harness import running_bridge
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (bundled Helm) not installed")
 yaml = pytest.importorskip("yaml")
-from tests.unit.test_chart import CHART, RELEASE, bridge_container, one  # noqa: E402
+from tests.unit.chart_support import CHART, RELEASE, bridge_container, one  # noqa: E402
 
 TOKEN = "s3cret-token-for-the-scrape"
 Obj = dict[str, Any]

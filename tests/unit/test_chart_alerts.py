@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.unit.test_chart import (
+from tests.unit.chart_support import (
     NAMESPACE,
     RELEASE,
     Renderer,
     exported_series,
     one,
-    renderer,  # noqa: F401 - the module-scoped fixture
+    renderer_fixture,  # noqa: F401 - the module-scoped fixture
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def _alerts(chart: Renderer, values: dict[str, object]) -> dict[str, dict[str, o
     return {r["alert"]: r for r in group["rules"]}
 
 
-def test_every_alert_links_to_an_existing_runbook_section(renderer: Renderer) -> None:  # noqa: F811
+def test_every_alert_links_to_an_existing_runbook_section(renderer: Renderer) -> None:
     alerts = _alerts(
         renderer,
         {
@@ -53,7 +53,7 @@ def test_every_alert_links_to_an_existing_runbook_section(renderer: Renderer) ->
 
 
 def test_bridge_down_and_absent_alerts_watch_this_releases_scrapes(
-    renderer: Renderer,  # noqa: F811
+    renderer: Renderer,
 ) -> None:
     alerts = _alerts(
         renderer, {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}}

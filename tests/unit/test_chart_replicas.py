@@ -1,10 +1,10 @@
 """The chart past one pod (issue 32): replicas behind Envoy Gateway with consistent hashing on the
 device header, and a HorizontalPodAutoscaler on the event loop's busy fraction beside the VPA.
 
-Every rendered object is validated by tests/unit/test_chart.py (kubernetes-validate --strict for
-the HPA, the vendored CRD schemas for the routes and the BackendTrafficPolicy); this file checks
-what those schemas cannot: what the objects point at, and that they agree with each other, with
-the metrics the bridge exports and with the adapter rule in docs/kubernetes.md.
+Every rendered object is validated by tests/unit/test_chart_validate.py (kubernetes-validate
+--strict for the HPA, the vendored CRD schemas for the routes and the BackendTrafficPolicy); this
+file checks what those schemas cannot: what the objects point at, and that they agree with each
+other, with the metrics the bridge exports and with the adapter rule in docs/kubernetes.md.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_chart import (
+from tests.unit.chart_support import (
     FULLNAME,
     NAMESPACE,
     RELEASE,
@@ -28,7 +28,7 @@ from tests.unit.test_chart import (
     most_replicas,
     one,
     parse_quantity,
-    renderer,  # noqa: F401 - the module-scoped fixture
+    renderer_fixture,  # noqa: F401 - the module-scoped fixture
     workload,
     yaml,
 )
@@ -60,7 +60,7 @@ def _route_refs(docs: list[Obj]) -> list[Obj]:
 
 
 def test_three_replicas_behind_envoy_gateway_hash_the_device_header(
-    renderer: Renderer,  # noqa: F811
+    renderer: Renderer,
 ) -> None:
     docs = renderer.ci("replicas-gateway-values.yaml")
     assert workload(docs)["spec"]["replicas"] == 3
@@ -82,7 +82,7 @@ def test_three_replicas_behind_envoy_gateway_hash_the_device_header(
         assert not by_kind(renderer.render_values(values), "BackendTrafficPolicy")
 
 
-def test_headers_form_for_newer_envoy_gateway(renderer: Renderer) -> None:  # noqa: F811
+def test_headers_form_for_newer_envoy_gateway(renderer: Renderer) -> None:
     docs = renderer.ci("autoscaling-values.yaml")
     consistent = one(docs, "BackendTrafficPolicy")["spec"]["loadBalancer"]["consistentHash"]
     assert consistent == {
@@ -95,7 +95,7 @@ def test_headers_form_for_newer_envoy_gateway(renderer: Renderer) -> None:  # no
 @pytest.mark.parametrize("hash_type", ["Header", "Headers"])
 @pytest.mark.parametrize("routes", [("httpRoute",), ("grpcRoute",), ("httpRoute", "grpcRoute")])
 def test_policy_follows_the_routes_and_the_crd_rules(
-    renderer: Renderer,  # noqa: F811
+    renderer: Renderer,
     hash_type: str,
     routes: tuple[str, ...],
 ) -> None:
@@ -134,7 +134,7 @@ def test_vendored_policy_schema_catches_a_misspelt_field() -> None:
     assert list(crd_validators()[BTP].iter_errors(policy))
 
 
-def test_notes_say_how_devices_stay_on_one_replica(renderer: Renderer) -> None:  # noqa: F811
+def test_notes_say_how_devices_stay_on_one_replica(renderer: Renderer) -> None:
     def notes(values: Obj) -> str:
         rendered = renderer.chart.render(values, name=RELEASE, namespace=NAMESPACE)
         return next(t for p, t in rendered.items() if p.endswith("NOTES.txt"))
@@ -154,7 +154,7 @@ def _affinity_on() -> Obj:
 
 
 def test_hpa_scales_the_workload_on_the_loop_saturation_only(
-    renderer: Renderer,  # noqa: F811
+    renderer: Renderer,
 ) -> None:
     docs = renderer.ci("autoscaling-values.yaml")
     w = workload(docs)
@@ -197,7 +197,7 @@ def test_hpa_scales_the_workload_on_the_loop_saturation_only(
     assert not by_kind(default, "HorizontalPodAutoscaler")
 
 
-def test_hpa_never_rendered_on_cpu_or_memory(renderer: Renderer) -> None:  # noqa: F811
+def test_hpa_never_rendered_on_cpu_or_memory(renderer: Renderer) -> None:
     """Whatever metric name is set, the HPA stays a Pods metric (no Resource/ContainerResource)."""
     docs = renderer.render_values(
         {"autoscaling": {"enabled": True, "metric": {"name": "cpu", "averageValue": "1"}}}
@@ -208,7 +208,7 @@ def test_hpa_never_rendered_on_cpu_or_memory(renderer: Renderer) -> None:  # noq
 
 @pytest.mark.parametrize("kind", ["StatefulSet", "Deployment"])
 def test_roles_cover_every_ordinal_the_hpa_can_create(
-    renderer: Renderer,  # noqa: F811
+    renderer: Renderer,
     kind: str,
 ) -> None:
     values = {
@@ -239,7 +239,7 @@ def _adapter_rule() -> Obj:
 
 
 def test_documented_adapter_rule_serves_the_hpa_metric_from_an_exported_series(
-    renderer: Renderer,  # noqa: F811
+    renderer: Renderer,
 ) -> None:
     rule = _adapter_rule()
     series = re.match(r"^([a-z_:][a-z0-9_:]*)\{", rule["seriesQuery"])
@@ -304,7 +304,7 @@ def _case_values(case: str, change: Obj) -> Obj:
 
 @pytest.mark.parametrize(("case", "bad", "good"), SCHEMA_CASES, ids=[c for c, _, _ in SCHEMA_CASES])
 def test_values_schema_refuses_bad_and_accepts_good(
-    renderer: Renderer,  # noqa: F811
+    renderer: Renderer,
     case: str,
     bad: Obj,
     good: Obj,
@@ -336,7 +336,7 @@ def test_values_schema_refuses_bad_and_accepts_good(
     ],
 )
 def test_inconsistent_values_fail_rendering(
-    renderer: Renderer,  # noqa: F811
+    renderer: Renderer,
     case: str,
     values: Obj,
     message: str,

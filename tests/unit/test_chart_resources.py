@@ -7,18 +7,18 @@ from fractions import Fraction
 
 import pytest
 
-from tests.unit.test_chart import (
+from tests.unit.chart_support import (
     Renderer,
     bridge_container,
     compute_qos,
     helm,
     parse_quantity,
     pod_spec,
-    renderer,  # noqa: F401 - the module-scoped fixture
+    renderer_fixture,  # noqa: F401 - the module-scoped fixture
 )
 
 
-def test_limits_alone_set_guaranteed_requests(renderer: Renderer) -> None:  # noqa: F811
+def test_limits_alone_set_guaranteed_requests(renderer: Renderer) -> None:
     docs = renderer.render_values({"resources": {"limits": {"cpu": "2"}}})
     resources = bridge_container(docs)["resources"]
     assert resources["limits"]["cpu"] == "2"
@@ -28,7 +28,7 @@ def test_limits_alone_set_guaranteed_requests(renderer: Renderer) -> None:  # no
 
 @pytest.mark.parametrize("memory", ["1.5Gi", "2.25G", "1e9", "1536Mi", "0.5Ti"])
 def test_decimal_memory_quantities_are_accepted(
-    renderer: Renderer,  # noqa: F811
+    renderer: Renderer,
     memory: str,
 ) -> None:
     docs = renderer.render_values({"resources": {"limits": {"memory": memory}}})
@@ -39,7 +39,7 @@ def test_decimal_memory_quantities_are_accepted(
 
 @pytest.mark.parametrize("memory", ["0", "0.0Gi", "1.5GB", "-1Gi", "Gi", "1..5Gi"])
 def test_malformed_memory_quantities_are_refused(
-    renderer: Renderer,  # noqa: F811
+    renderer: Renderer,
     memory: str,
 ) -> None:
     with pytest.raises(helm.HelmValuesError):
