@@ -22,11 +22,9 @@ SIZED = sorted(
     if GENERATED not in p.parents and "__pycache__" not in p.parts
 )
 MAX_LINES = 600
-#: Over the limit for now: each is being changed by another engineer; split it when that lands.
-TEMPORARY = {
-    "tests/unit/test_chart.py",  # the chart's tests (charts/ work in progress)
-    "tests/integration/test_edge_client.py",  # the edge SDK's tests (bridge/client/ in progress)
-}
+#: Over the limit for now (none at present): a file being changed by another engineer, split when
+#: that lands.
+TEMPORARY: set[str] = set()
 
 
 @pytest.mark.parametrize("path", SIZED, ids=[str(p.relative_to(ROOT)) for p in SIZED])
