@@ -18,27 +18,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
-from bridge.server.core import Offer
 from bridge.server.governor import Charge
 from bridge.server.metrics import BridgeMetrics
-from bridge.server.ports import IngestCore
-from bridge.server.session import Session, StreamKey
+from bridge.server.ports import IngestCore, Offer, SpaceEvents
+from bridge.server.session import Session
 from bridge.v1 import bridge_pb2 as pb
 
 log = logging.getLogger("bridge.server.ingest")
 
 Send = Callable[[pb.BridgeMessage], Awaitable[None]]
-
-
-class SpaceEvents(Protocol):
-    """What admission needs from the edge registry: a stream's "space freed" event, and whether
-    the bridge is draining (then nothing more is accepted)."""
-
-    @property
-    def draining(self) -> bool: ...
-    def space_event(self, key: StreamKey) -> asyncio.Event: ...
 
 
 class Admission:

@@ -26,7 +26,7 @@ from bridge.protocol import codec
 from bridge.protocol.errors import StartupError
 from bridge.resources.from_settings import RESERVE_FRACTION, MiB
 from bridge.server.capacity import Capacity
-from bridge.server.core import BridgeCore, CoreConfig
+from bridge.server.core import BridgeCore
 from bridge.server.events import CoreEvents
 from bridge.server.governor import Governor
 from bridge.server.grpc_impl import build_server, set_health
@@ -36,6 +36,7 @@ from bridge.server.ingest_config import IngestConfig
 from bridge.server.looplag import LoopLagMonitor
 from bridge.server.memtrim import release_free_heap
 from bridge.server.metrics import BridgeMetrics
+from bridge.server.ports import CoreConfig
 from bridge.server.processing import Processor
 from bridge.server.push_impl import SinkPusher
 from bridge.server.ring import Policy
@@ -370,8 +371,8 @@ class BridgeService:
         await asyncio.to_thread(self.pool.close, 2.0)
         self.core.close()  # what the rings and sessions held goes back to the governor
         if self.governor.debug:  # SIMBRIDGE_CHARGE_DEBUG (tests): nothing may be left...
-            scratch = self.capacity._scratch if self.capacity is not None else None
-            self.governor.check_all_released(standing=[scratch])  # ...but the kernel's scratch
+            standing = self.capacity.standing_charges() if self.capacity is not None else []
+            self.governor.check_all_released(standing=standing)  # ...but the kernel's scratch
 
 
 def _has(backend: str) -> bool:

@@ -1,6 +1,7 @@
-"""The data plane as the resource adapter drives it (``resources.adapt.AdaptTarget``): worker
+"""The data plane as the resource adapter drives it (``resources.ports.AdaptTarget``): worker
 count, ring budget and the GPU/CPU decimation switch (why: kept apart from the lifecycle owner,
-so the adapter's view is one small object, testable without servers)."""
+so the adapter's view is one small object, testable without servers). It sees the core through
+the ``Budget`` port only."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import logging
 from collections.abc import Callable
 
 from bridge.decimate import Decimator
-from bridge.server.core import BridgeCore
 from bridge.server.governor import Charge, Component
 from bridge.server.metrics import BridgeMetrics
+from bridge.server.ports import Budget
 from bridge.server.processing import Processor
 from bridge.server.workers import WorkerPool
 
@@ -20,7 +21,7 @@ log = logging.getLogger("bridge.server.capacity")
 class Capacity:
     def __init__(
         self,
-        core: BridgeCore,
+        core: Budget,
         pool: WorkerPool,
         processor: Processor,
         metrics: BridgeMetrics,
@@ -103,6 +104,11 @@ class Capacity:
 
     def memory_baseline_bytes(self) -> int:
         return self._baseline_rss
+
+    def standing_charges(self) -> list[Charge]:
+        """Charges held for the life of the process (the C kernel's per-thread scratch): a
+        closed bridge's ledger is empty but for these."""
+        return [self._scratch] if self._scratch is not None else []
 
     def within_budget(self) -> bool:
         """What is held fits the current budget again (a shrink has drained)."""

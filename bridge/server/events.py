@@ -1,6 +1,5 @@
-"""The core's :class:`~bridge.server.core.Listener`: routes each notification to the one adapter
-that
-cares (why: the core knows no adapter, and no adapter is the listener for the others).
+"""The core's :class:`~bridge.server.ports.Listener`: routes each notification to the one adapter
+that cares (why: the core knows no adapter, and no adapter is the listener for the others).
 
 Edge wake-ups go to the edge registry, committed frames to the viewers and the sink pusher, work
 to the processor, evictions to the metrics. Every callback only sets a flag, fills a queue or

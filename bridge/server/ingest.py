@@ -31,12 +31,11 @@ from bridge.protocol.errors import (
 )
 from bridge.server.admission import Admission
 from bridge.server.chunkwarden import ChunkWarden
-from bridge.server.core import SPLIT_DATA_BYTES
 from bridge.server.governor import Charge, Governor
 from bridge.server.ingest_config import IngestConfig
 from bridge.server.metrics import BridgeMetrics
 from bridge.server.offload import OffLoopDecoder
-from bridge.server.ports import EdgeTransport, IngestCore, Received
+from bridge.server.ports import SPLIT_DATA_BYTES, EdgeTransport, IngestCore, Received
 from bridge.server.push_impl import learn_sink_marks
 from bridge.server.session import Session, Stream, StreamKey, check_routing, routing_keys
 from bridge.server.uplink import Uplink

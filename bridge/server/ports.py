@@ -1,28 +1,106 @@
-"""The narrow interfaces between the core and the adapters (why: each adapter sees only what it
-uses, so a new transport or sink is written against one small Protocol, never the whole bridge).
+"""The server layer's ports: the core's vocabulary and every narrow interface between the core
+and the adapters (why: each adapter sees only what it uses, so a new transport or sink is written
+against one small Protocol, never the whole bridge, and nothing but the composer names
+``BridgeCore``).
 
-``BridgeCore`` satisfies :class:`IngestCore` and :class:`Delivery` structurally;
-``ingest.EdgeRegistry`` satisfies :class:`Edges` and :class:`EdgeEvents`;
+Vocabulary: what adapters declare to the core (:class:`CoreConfig`), what it hands back
+(:class:`Offer`, :class:`Attached`, :class:`WorkItem`). Pure like the core: no sockets, clocks,
+threads or files.
+
+``core.BridgeCore`` satisfies :class:`IngestCore`, :class:`Delivery`, :class:`Work` and
+:class:`Budget` structurally and tells a :class:`Listener` (``events.CoreEvents``) what changed;
+``ingest.EdgeRegistry`` satisfies :class:`Edges`, :class:`EdgeEvents` and :class:`SpaceEvents`;
 ``subscribers.SubscriberSet`` satisfies :class:`Subscriptions` and :class:`Fanout`.
 ``app.BridgeService`` composes them and is imported by no adapter.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import enum
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from bridge.v1 import bridge_pb2 as pb
 
 if TYPE_CHECKING:
+    import asyncio
+
+    from bridge.protocol import codec, wire
+    from bridge.protocol.cloud import CloudLayout
     from bridge.protocol.errors import ProtocolError
-    from bridge.server.core import Attached, Offer
     from bridge.server.egress import Outgoing
-    from bridge.server.governor import Charge
-    from bridge.server.ring import Entry
+    from bridge.server.governor import Charge, Governor
+    from bridge.server.ring import Entry, Policy
     from bridge.server.session import Session, Stream, StreamKey
     from bridge.server.subscribers import Subscriber
+
+# -- the core's vocabulary ------------------------------------------------------------------
+
+
+class Offer(enum.Enum):
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"  # at or below accepted_seq: re-acked and ignored
+    FULL = "full"  # backpressure: wait for space, then offer again
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    limits: codec.Limits
+    max_sessions: int
+    default_voxel_size: float
+    default_policy: Policy
+    default_passthrough: bool
+    max_known_watermarks: int = 100_000
+    session_bytes: int = 24 * 1024  # see SESSION_BYTES
+    stream_bytes: int = 1024
+
+
+# SESSION_BYTES: what one session costs (its connection's buffers and objects, measured ~25 KiB
+# per idle WebSocket session, see the README's memory model), charged while the session is known.
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """What :meth:`IngestCore.hello` decided: the session, the Welcome to send, and the connection
+    it replaced (a device reconnecting while its old connection looked alive: one connection per
+    session, the newest wins; the caller closes the old one)."""
+
+    session: Session
+    welcome: pb.Welcome
+    superseded: object | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """Everything a worker needs, immutable once handed off the event loop."""
+
+    stream: Stream
+    entry: Entry
+    frame: pb.Frame  # a large cloud's frame without its data (that is ``data``)
+    layout: CloudLayout | None
+    points: int  # input points (0 for telemetry), counted once at admission
+    data: bytes | memoryview | None = None  # a large cloud's points, held apart from ``frame``
+
+
+#: Clouds from this size on are held as (frame without data, data): below it, building the
+#: smaller frame costs more than the copies it saves.
+SPLIT_DATA_BYTES = 64 * 1024
+
+# -- what the core asks of its neighbours ---------------------------------------------------
+
+
+class Listener(Protocol):
+    """How the core tells the adapters that something changed (called synchronously)."""
+
+    def on_space(self, stream: Stream) -> None: ...
+    def on_acks(self, session: Session) -> None: ...
+    def on_work(self) -> None: ...
+    def on_committed(self, entries: list[tuple[Stream, Entry]]) -> None: ...
+    def on_evicted(self, stream: Stream, count: int) -> None: ...
+
+
+# -- what the adapters ask of the core ------------------------------------------------------
 
 
 class IngestCore(Protocol):
@@ -60,6 +138,28 @@ class Delivery(Protocol):
     def sink_failed(self) -> None: ...
 
 
+class Work(Protocol):
+    """What the processor asks of the core: the next frame to process, and its result."""
+
+    def take_work(self, accept: Callable[[Stream], bool] | None = None) -> WorkItem | None: ...
+    def complete(self, item: WorkItem, result: bytes | tuple[wire.Part, ...]) -> None: ...
+
+
+class Budget(Protocol):
+    """What ``capacity.Capacity`` asks of the core when the memory plan changes."""
+
+    @property
+    def governor(self) -> Governor: ...
+    @property
+    def streams(self) -> Mapping[StreamKey, Stream]: ...
+    @property
+    def ring_capacity_per_stream(self) -> int: ...
+    def set_memory_budget(self, budget_bytes: int, reserve_bytes: int) -> None: ...
+
+
+# -- what the adapters ask of each other ----------------------------------------------------
+
+
 class Edges(Protocol):
     """What a transport adapter (WebSocket, gRPC) asks of the edge registry."""
 
@@ -78,6 +178,15 @@ class EdgeEvents(Protocol):
 
     def on_space(self, stream: Stream) -> None: ...
     def on_acks(self, session: Session) -> None: ...
+
+
+class SpaceEvents(Protocol):
+    """What admission needs from the edge registry: a stream's "space freed" event, and whether
+    the bridge is draining (then nothing more is accepted)."""
+
+    @property
+    def draining(self) -> bool: ...
+    def space_event(self, key: StreamKey) -> asyncio.Event: ...
 
 
 class Subscriptions(Protocol):

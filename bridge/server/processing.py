@@ -17,8 +17,8 @@ from collections.abc import Callable
 from bridge.decimate import Decimator
 from bridge.decimate.into import cloud_parts, decimate_parts, kernel_threads
 from bridge.protocol import wire
-from bridge.server.core import BridgeCore, WorkItem
 from bridge.server.governor import Charge, Component, Governor
+from bridge.server.ports import Work, WorkItem
 from bridge.server.session import KIND_POINT_CLOUD, Stream
 from bridge.server.workers import WorkerPool
 from bridge.v1 import bridge_pb2 as pb
@@ -106,7 +106,7 @@ class Processor:
 
     def __init__(
         self,
-        core: BridgeCore,
+        core: Work,
         pool: WorkerPool,
         decimator: Decimator | None,
         *,

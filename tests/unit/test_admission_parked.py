@@ -13,9 +13,9 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from bridge.server.admission import Admission
-from bridge.server.core import Offer
 from bridge.server.governor import Component, Governor
 from bridge.server.metrics import BridgeMetrics
+from bridge.server.ports import Offer
 from bridge.v1 import bridge_pb2 as pb
 
 

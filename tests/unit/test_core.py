@@ -17,9 +17,10 @@ from bridge.protocol.errors import (
     TooManyStreams,
     UnknownStream,
 )
-from bridge.server.core import BridgeCore, CoreConfig, Offer
+from bridge.server.core import BridgeCore
 from bridge.server.egress import frame_bytes
 from bridge.server.governor import Component, Governor
+from bridge.server.ports import CoreConfig, Offer
 from bridge.server.ring import Entry, Policy
 from bridge.server.session import Session, Stream
 from bridge.v1 import bridge_pb2 as pb
@@ -370,7 +371,7 @@ def test_an_unknown_priority_is_refused() -> None:
 
 
 def test_a_flood_in_a_higher_lane_cannot_starve_a_lower_one() -> None:
-    from bridge.server.core import LANE_BURST
+    from bridge.server.core_work import LANE_BURST
 
     core, _ = make_core(max_streams=2, budget=10_000_000, max_frame_bytes=1_000_000)
     specs = [

@@ -3,7 +3,7 @@ saw, because another replica may have delivered frames since."""
 
 from __future__ import annotations
 
-from bridge.server.core import Offer
+from bridge.server.ports import Offer
 from bridge.v1 import bridge_pb2 as pb
 from tests.unit.test_core import attach, cloud_frame, hello, make_core
 

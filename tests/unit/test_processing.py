@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from bridge.decimate import get_decimator
 from bridge.decimate._types import DecimationResult
-from bridge.server.core import SPLIT_DATA_BYTES, BridgeCore
+from bridge.server.core import BridgeCore
+from bridge.server.ports import SPLIT_DATA_BYTES
 from bridge.server.processing import Processor, process_frame
 from bridge.server.ring import Entry
 from bridge.server.session import Session, Stream
