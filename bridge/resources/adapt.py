@@ -1,5 +1,5 @@
 """The applier: watch the cgroup, the own Pod and NVML; re-plan on every change; apply the
-differences to the data plane through :class:`AdaptTarget`.
+differences to the data plane through :class:`~bridge.resources.ports.AdaptTarget`.
 
 Why one owner: the plan depends on all three sources at once (e.g. the cooperative downscale needs
 the Pod's desired limit *and* the cgroup's current one), so a single object keeps the latest value
@@ -39,24 +39,11 @@ from bridge.resources.plan import Plan, PlanSettings, make_plan
 from bridge.resources.pod import AllocatedDevice, PodView, ResizeState, pending_memory_decrease
 from bridge.resources.podsource import PodApi, PodSource, PodUpdate
 from bridge.resources.poller import Poller
+from bridge.resources.ports import AdaptTarget
 from bridge.resources.quantity import format_bytes
 from bridge.resources.snapshot import CgroupReading, GpuReading, Snapshot, Sourced, Workload
 
 log = logging.getLogger(__name__)
-
-
-class AdaptTarget(Protocol):
-    """What the data plane exposes to the adapter (implemented in the data plane)."""
-
-    def resize_workers(self, workers: int) -> None: ...
-    def set_memory_budget(self, budget_bytes: int, reserve_bytes: int) -> None: ...
-    def set_gpu_healthy(self, healthy: bool) -> None: ...  # decimation backend to CPU and back
-    def active_streams(self) -> int: ...
-    def memory_baseline_bytes(self) -> int: ...  # measured at startup
-
-
-# Optional, looked up with getattr so targets need not implement it:
-#     def set_gpu_batch_points(self, points: int) -> None: ...   # 0 = decimate on the CPU
 
 
 class KubeApi(PodApi, Protocol):
