@@ -100,6 +100,9 @@ class StepResult:
     notes: list[str] = field(default_factory=list)
 
 
+#: Fresh ports and another start when the container could not bind one (see start_bridge).
+PORT_RETRIES = 2
+
 # ----------------------------------------------------------------------------- the rig
 
 
@@ -192,6 +195,28 @@ class ContainerRig:
         self._sink_addr = line.split()[-1]
 
     async def start_bridge(self) -> None:
+        """Start the container and wait until it is ready. Its ports were picked free, but with
+        ``--network host`` another process may bind one before the bridge does (seen in a CI run
+        while other tests ran): then fresh ports are picked and it starts again, up to
+        :data:`PORT_RETRIES` times."""
+        for attempt in range(PORT_RETRIES + 1):
+            if await self._start_bridge_once():
+                break
+            if attempt == PORT_RETRIES:
+                raise RuntimeError(
+                    f"bridge ports taken {PORT_RETRIES + 1} times:\n{await self.logs()}"
+                )
+            self.ports = {"ws": free_port(), "grpc": free_port(), "http": free_port()}
+        state = await self.podman.inspect(self.name)
+        self.pid = int(state["State"]["Pid"])
+        self.container_id = str(state["Id"])
+        self.started_at = str(state["State"]["StartedAt"])
+        self.cgroup = ContainerCgroup.of_pid(self.pid)
+        self.oom_start = self.cgroup.oom_counters()
+
+    async def _start_bridge_once(self) -> bool:
+        """Run the container and wait for ``/readyz``; False when it exited because one of its
+        ports was taken."""
         await self.podman.remove(self.name)
         env_args: list[str] = []
         for k, v in self.cfg.env.items():
@@ -238,16 +263,15 @@ class ContainerRig:
         while True:
             with contextlib.suppress(OSError, TimeoutError, ValueError, IndexError):
                 if (await http_get(self.ports["http"], "/readyz"))[0] == 200:
-                    break
+                    return True
+            if not (await self.podman.inspect(self.name))["State"]["Running"]:
+                logs = await self.logs()
+                if "address already in use" in logs:
+                    return False
+                raise RuntimeError(f"bridge exited before it was ready:\n{logs}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"bridge not ready in 60 s:\n{await self.logs()}")
             await asyncio.sleep(0.2)
-        state = await self.podman.inspect(self.name)
-        self.pid = int(state["State"]["Pid"])
-        self.container_id = str(state["Id"])
-        self.started_at = str(state["State"]["StartedAt"])
-        self.cgroup = ContainerCgroup.of_pid(self.pid)
-        self.oom_start = self.cgroup.oom_counters()
 
     async def logs(self, tail: int = 40) -> str:
         """The bridge's last log lines: ``podman logs`` replays the container's stderr (where
