@@ -30,10 +30,13 @@ HEAP_CHURN_FRAMES = 3
 #: The way out adds nothing here: pushes (PUSH_COPIES), subscriber sends and backlog frames,
 #: processed results and decimation are charged before they are allocated (same table).
 OUTBOUND_COPIES = 0
-#: What forward progress charges at once (forced): one push in flight, its copies
-#: (bridge.server.push_impl.PUSH_COPIES; tests/unit/test_plan_reserve.py keeps the two equal). The
-#: reserve never holds less (up to half the budget), so a push never overdraws the budget.
-PROGRESS_COPIES = 2
+#: Copies of a push alive while it is written: the joined message, and grpc's own copy of it
+#: into a slice (``call.write`` holds the first until it returns). Measured (docs/design.md
+#: "Where memory goes"): heap in use rose by 2 x 15 MiB over the ring's bytes per 15 MiB push.
+#: The sink pusher (bridge.server.push_impl) charges this many, forced, per push in flight: what
+#: forward progress charges at once, so the reserve never holds less (up to half the budget) and
+#: a push never overdraws the budget. Defined here, below the server, which imports it.
+PUSH_COPIES = 2
 
 
 def memory_headroom_bytes(max_frame_bytes: int) -> int:
@@ -51,5 +54,7 @@ def plan_settings(settings: Settings) -> PlanSettings:
         container=settings.container_name or None,
         reserve_fraction=RESERVE_FRACTION,
         headroom_bytes=memory_headroom_bytes(settings.max_frame_bytes),
-        min_reserve_bytes=PROGRESS_COPIES * settings.max_frame_bytes,
+        # One push in flight: a frame, or a batch of up to sink_batch_bytes (which may be the
+        # larger; tests/unit/test_plan_reserve.py forces it against a full ring).
+        min_reserve_bytes=PUSH_COPIES * max(settings.max_frame_bytes, settings.sink_batch_bytes),
     )

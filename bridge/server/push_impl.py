@@ -29,6 +29,7 @@ import grpc
 
 from bridge.config.settings import Settings
 from bridge.protocol import wire
+from bridge.resources.from_settings import PUSH_COPIES
 from bridge.server.governor import Component, Governor
 from bridge.server.metrics import BridgeMetrics
 from bridge.server.ports import Delivery
@@ -43,10 +44,6 @@ PUSH_METHOD = "/bridge.v1.VisualizationSink/Push"
 PUSH_BATCH_METHOD = "/bridge.v1.VisualizationSink/PushBatch"
 _BATCH = 64
 _IN_BATCH_KEY = wire.field_key(pb.ProcessedFrameBatch.DESCRIPTOR, "frames")
-#: Copies of a push alive while it is written: the joined message, and grpc's own copy of it
-#: into a slice (``call.write`` holds the first until it returns). Measured (docs/design.md
-#: "Where memory goes"): heap in use rose by 2 x 15 MiB over the ring's bytes per 15 MiB push.
-PUSH_COPIES = 2
 #: How long a Hello waits for the sink's watermarks of its device (see SinkPusher.marks_of).
 MARKS_TIMEOUT_SECONDS = 0.5
 

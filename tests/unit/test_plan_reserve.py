@@ -3,19 +3,49 @@ budget, a forced 2 x 15 MiB push overdrew the budget by 17 MiB and the container
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
 from bridge.config.settings import Settings
 from bridge.resources import from_settings
 from bridge.resources.plan import PlanSettings, make_plan
-from bridge.server.push_impl import PUSH_COPIES
+from bridge.server.governor import Charge, Component, Governor
+from bridge.server.metrics import BridgeMetrics
+from bridge.server.push_impl import SinkPusher
 from tests.unit.test_plan import S, snap
 
 MiB = 1 << 20
 
 
-def test_the_reserve_covers_one_push_of_the_largest_frame() -> None:
-    assert from_settings.PROGRESS_COPIES == PUSH_COPIES
-    plan = from_settings.plan_settings(Settings(max_frame_bytes=16 * MiB))
-    assert plan.min_reserve_bytes == PUSH_COPIES * 16 * MiB
+class Sent:
+    async def write(self, _data: bytes) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("frame", "batch"), [(16 * MiB, 256 * 1024), (1 * MiB, 4 * MiB)])
+async def test_a_full_ring_and_the_largest_push_stay_within_the_budget(
+    frame: int, batch: int
+) -> None:
+    """Admission holds all it may; the pusher then forces its largest message (one frame, or a
+    batch of up to sink_batch_bytes): the reserve the plan keeps covers what the pusher really
+    charges, so the budget is never overdrawn."""
+    settings = Settings(sink_address="127.0.0.1:1", max_frame_bytes=frame, sink_batch_bytes=batch)
+    reserve = from_settings.plan_settings(settings).min_reserve_bytes
+    governor = Governor(4 * reserve, reserve)
+    full = governor.request(Component.RING, governor.admission_limit, lambda _: None)
+    assert isinstance(full, Charge)
+    pusher = SinkPusher(
+        delivery=Any,  # type: ignore[arg-type]  # _write never touches delivery
+        settings=settings,
+        metrics=BridgeMetrics(CollectorRegistry()),
+        governor=governor,
+    )
+    largest = max(frame, batch)
+    await pusher._write(Sent(), [bytes(largest)], largest, 1)
+    assert governor.stats.overdraft_peak_bytes == 0
+    full.release()
 
 
 def test_a_negative_min_reserve_is_refused() -> None:
