@@ -28,6 +28,10 @@ TRANSPORTS = ("ws", "grpc")
 # family with no children exports nothing: rate() and absent() alerts see no series at all).
 DROP_REASONS = ("drop_oldest",)
 SINK_FAILURE_REASONS = ("ack_timeout", "handshake_timeout")
+# A Hello's query of the sink's watermarks (protocol.md §10, bridge.server.push_impl.MarksGate):
+# why one was not sent, and how sent ones ended.
+SINK_MARKS_SKIP_REASONS = ("cached", "in_flight", "rate", "stalled")
+SINK_MARKS_RESULTS = ("answered", "timeout", "failed")
 UNAUTHORIZED_SURFACES = ("http", "subscribe")
 # Refusals that close a connection (fatal in the wire table): the reasons of connections_closed.
 CLOSE_REASONS = tuple(reason for reason, wire in WIRE.items() if wire.fatal)
@@ -139,6 +143,21 @@ class BridgeMetrics:
             ["reason"],
             registry=r,
         )
+        self.sink_marks_queries = Counter(
+            "bridge_sink_marks_queries_total",
+            "Sink streams opened to ask one device's watermarks before its Welcome, by result"
+            " (answered, timeout, failed)",
+            ["result"],
+            registry=r,
+        )
+        self.sink_marks_skipped = Counter(
+            "bridge_sink_marks_skipped_total",
+            "Welcomes that did not ask the sink for the device's watermarks, by reason (cached:"
+            " a recent answer served; in_flight, rate: past the limits; stalled: the sink let a"
+            " recent query time out)",
+            ["reason"],
+            registry=r,
+        )
         self.connections_closed = Counter(
             "bridge_connections_closed_total",
             "Edge connections the bridge closed, by the refusal that closed them",
@@ -184,6 +203,10 @@ class BridgeMetrics:
             self.sink_failures.labels(reason)
         for surface in UNAUTHORIZED_SURFACES:
             self.unauthorized.labels(surface)
+        for reason in SINK_MARKS_SKIP_REASONS:
+            self.sink_marks_skipped.labels(reason)
+        for result in SINK_MARKS_RESULTS:
+            self.sink_marks_queries.labels(result)
 
     def refused(self, transport: str, reason: str) -> None:
         """Count one refusal of an edge's input; a fatal one (the wire table says which) also

@@ -23,7 +23,9 @@ import contextlib
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import grpc
 
@@ -48,6 +50,92 @@ _IN_BATCH_KEY = wire.field_key(pb.ProcessedFrameBatch.DESCRIPTOR, "frames")
 MARKS_TIMEOUT_SECONDS = 0.5
 
 Marks = list[tuple[StreamKey, int]]
+
+
+@dataclass(frozen=True)
+class MarksLimits:
+    """What one Hello may cost the sink (issue 32). Every Hello that does not resume a session
+    of this bridge would open a sink stream, so an edge saying Hello in a loop with fresh device
+    ids would cost the sink one stream each, and a stalled sink MARKS_TIMEOUT_SECONDS each.
+    Past these limits a Hello is welcomed without asking: the query only spares resends, the
+    sink's dedupe keeps delivery exactly-once without it (protocol.md §10)."""
+
+    #: Queries open at once; against a stalled sink at most this many Hellos wait.
+    in_flight: int = 8
+    #: Queries a second, on average (a token bucket of ``burst``): the sink's cost of a Hello
+    #: flood, whatever its shape.
+    per_second: float = 50.0
+    burst: int = 50
+    #: An answer serves the same device's Hellos this long (a device reconnecting in a loop is
+    #: asked once). Short: another replica may deliver more of it meanwhile, and a stale answer
+    #: costs resends, never a frame.
+    cache_seconds: float = 2.0
+    cache_devices: int = 1024
+    #: After a query timed out, nobody asks for this long: a stalled sink costs one Hello
+    #: MARKS_TIMEOUT_SECONDS per period, not every Hello.
+    stall_seconds: float = 5.0
+
+
+MARKS_LIMITS = MarksLimits()
+
+
+class MarksGate:
+    """Which watermark queries go to the sink (sans-I/O: ``now`` is a monotonic second)."""
+
+    def __init__(self, limits: MarksLimits) -> None:
+        self.limits = limits
+        self.in_flight = 0
+        self._cache: OrderedDict[str, tuple[float, Marks]] = OrderedDict()
+        self._tokens = float(limits.burst)
+        self._refilled: float | None = None
+        self._quiet_until = float("-inf")
+
+    def cached(self, device_id: str, now: float) -> Marks | None:
+        entry = self._cache.get(device_id)
+        if entry is None:
+            return None
+        if now >= entry[0]:
+            del self._cache[device_id]
+            return None
+        return entry[1]
+
+    def admit(self, now: float) -> str | None:
+        """None: ask (and call :meth:`done` after); else why not (one of
+        bridge.server.metrics.SINK_MARKS_SKIP_REASONS)."""
+        limits = self.limits
+        if now < self._quiet_until:
+            return "stalled"
+        if self.in_flight >= limits.in_flight:
+            return "in_flight"
+        if self._refilled is not None:
+            gained = (now - self._refilled) * limits.per_second
+            self._tokens = min(float(limits.burst), self._tokens + gained)
+        self._refilled = now
+        if self._tokens < 1:
+            return "rate"
+        self._tokens -= 1
+        self.in_flight += 1
+        return None
+
+    def done(self, device_id: str, now: float, marks: Marks | None, *, timed_out: bool) -> None:
+        """An admitted query ended: ``marks`` is its answer (None: none came)."""
+        self.in_flight -= 1
+        if timed_out:
+            self._quiet_until = now + self.limits.stall_seconds
+        if marks is None:
+            return
+        self._cache[device_id] = (now + self.limits.cache_seconds, marks)
+        self._cache.move_to_end(device_id)
+        while len(self._cache) > self.limits.cache_devices:
+            self._cache.popitem(last=False)
+
+    def reset(self) -> None:
+        """A new push stream (maybe another sink, or one that lost state): forget its answers
+        and its stall."""
+        self._cache.clear()
+        self._quiet_until = float("-inf")
+
+
 #: Installed on the core by the pusher: the sink's watermarks of one device, asked right now.
 MarksLookup = Callable[[str], Awaitable[Marks]]
 
@@ -56,7 +144,8 @@ async def learn_sink_marks(core: object, hello: pb.Hello) -> None:
     """Before a Hello that does not resume a session of this bridge (a new device, or one that
     comes from another replica with its token), ask the sink what it holds of the device: what
     another replica delivered and the edge was not told yet is then never accepted, pushed or
-    resent again (issue 32). Nothing happens without a connected sink."""
+    resent again (issue 32). Nothing happens without a connected sink, and within
+    :class:`MarksLimits` only (else the Hello goes on without asking)."""
     lookup: MarksLookup | None = getattr(core, "marks_lookup", None)
     sessions: dict[str, object] = getattr(core, "sessions", {})
     if lookup is None or (hello.resume_token and hello.resume_token in sessions):
@@ -87,7 +176,7 @@ class SinkPusher:
         # PushBatch until a sink says UNIMPLEMENTED (then Push, for this process's life)
         self.batching = settings.sink_batch_bytes > 0
         self._channel: grpc.aio.Channel | None = None  # the connected sink's, for marks_of
-        self.marks_asked = 0  # marks_of calls that reached the sink
+        self.marks_gate = MarksGate(MARKS_LIMITS)
         if hasattr(delivery, "marks_lookup"):  # the core (not part of the Delivery port)
             setattr(delivery, "marks_lookup", self.marks_of)  # noqa: B010
 
@@ -156,6 +245,7 @@ class SinkPusher:
             raise ConnectionError("sink closed the stream before its watermarks")
         assert isinstance(first, pb.SinkAck)
         delivery.sink_connected([((w.device_id, w.stream_id), w.seq) for w in first.watermarks])
+        self.marks_gate.reset()
         self._channel = channel
         self._highest_sent = self._highest_acked = 0
         self._waiting_since = None
@@ -183,10 +273,35 @@ class SinkPusher:
         """The sink's watermarks of ``device_id`` now: a Push stream opened only for its first
         message (every sink sends its watermarks first, protocol.md §10), the device id in the
         ``x-simbridge-device`` metadata so a sink may send that device's only; then cancelled.
-        Nothing (at once) without a connected sink; nothing after MARKS_TIMEOUT_SECONDS."""
+        Nothing (at once) without a connected sink or past :class:`MarksLimits` (a recent
+        answer for the device is returned instead); nothing after MARKS_TIMEOUT_SECONDS."""
         channel = self._channel
         if channel is None:
             return []
+        gate, now = self.marks_gate, time.monotonic()
+        known = gate.cached(device_id, now)
+        skipped = "cached" if known is not None else gate.admit(now)
+        if skipped is not None:
+            self.metrics.sink_marks_skipped.labels(skipped).inc()
+            return known or []
+        marks: Marks | None = None
+        result = "failed"
+        try:
+            marks = await self._ask(channel, device_id)
+            result = "failed" if marks is None else "answered"
+        except TimeoutError:
+            result = "timeout"
+        except grpc.aio.AioRpcError as exc:
+            log.info("sink %s: no watermarks for %s: %s", self.address, device_id, _describe(exc))
+        finally:
+            self.metrics.sink_marks_queries.labels(result).inc()
+            gate.done(device_id, time.monotonic(), marks, timed_out=result == "timeout")
+        if result == "timeout":
+            log.info("sink %s: no watermarks for %s in time", self.address, device_id)
+        return marks or []
+
+    async def _ask(self, channel: grpc.aio.Channel, device_id: str) -> Marks | None:
+        """One query; None when the sink ended the stream without its watermarks."""
         method = PUSH_BATCH_METHOD if self.batching else PUSH_METHOD
         push = channel.stream_stream(
             method, request_serializer=None, response_deserializer=pb.SinkAck.FromString
@@ -194,16 +309,14 @@ class SinkPusher:
         call = push(metadata=((ROUTING_HEADER, device_id),), wait_for_ready=False)
         try:
             first = await asyncio.wait_for(call.read(), MARKS_TIMEOUT_SECONDS)
-        except (TimeoutError, grpc.aio.AioRpcError) as exc:
-            log.info("sink %s: no watermarks for %s: %s", self.address, device_id, exc)
-            return []
         finally:
-            with contextlib.suppress(Exception):
-                await call.done_writing()
-            call.cancel()
-        self.marks_asked += 1
+            try:
+                with contextlib.suppress(Exception):
+                    await call.done_writing()
+            finally:  # even when the Hello's task is cancelled meanwhile: no stream left open
+                call.cancel()
         if not isinstance(first, pb.SinkAck):
-            return []
+            return None
         return [
             ((w.device_id, w.stream_id), w.seq)
             for w in first.watermarks
