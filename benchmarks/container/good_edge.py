@@ -29,6 +29,11 @@ class GoodEdge:
     #: itself lagging: the publisher, not the bridge). -1 when unknown.
     stall_end_delays_s: tuple[float, float, float] = (-1.0, -1.0, -1.0)
     capture_gap_s: float = -1.0
+    #: The edge published its last frame this long before the window's end (its run is a
+    #: fixed length, and a slow start of the sink shifts the window): the stall is measured
+    #: only up to that frame's arrival, since no frame was due after it. 0 when it published
+    #: to the end.
+    published_until_s_before_end: float = 0.0
 
 
 def good_edge_at_sink(
@@ -60,6 +65,11 @@ def good_edge_at_sink(
         )
         out.disconnects = int(publish.get("disconnects", -1))
     start, end = window_ns
+    last_capture = max((c for c, _, _ in stamps.values()), default=0)
+    if 0 < last_capture < end:
+        out.published_until_s_before_end = (end - last_capture) / 1e9
+        last_arrival = max(t for t, (c, _, _) in stamps.items() if c == last_capture)
+        end = max(start, min(end, last_arrival))
     if end > start:
         inside = sorted(t for t in arrivals if start <= t <= end)
         marks = [start, *inside, end]

@@ -65,6 +65,10 @@ CPU = 1.5
 #: The good edge's longest time without a frame reaching the sink while the sink is up (the
 #: issue's target; a stall is measured, reported, and asserted against this).
 STALL_BOUND_S = 2.0
+#: The good edge publishes this long past the nominal end of the attack (measured: the sink and
+#: the attackers took up to 3 s to start on the loaded 2-core VM, and a fixed-length run then
+#: ended before the attack did, which read as a 2.8-4 s "stall" at the end).
+PUBLISH_SLACK_S = 5.0
 HEALTHZ_TARGET_S = 0.100
 #: The asserted ``/healthz`` bound: the target unless a slower VM states a looser one.
 HEALTHZ_BOUND_S = float(os.environ.get("SIMBRIDGE_E2E_HEALTHZ_BOUND_MS", "100")) / 1000
@@ -260,7 +264,10 @@ class HostileRig(ContainerRig):
         sampler = asyncio.ensure_future(self._sample_loop())
         attack: asyncio.subprocess.Process | None = None
         try:
-            publisher = await self.start_publisher("ws", t.warmup_s + t.attack_s(self.case))
+            # Past the attack by PUBLISH_SLACK_S: starting the attackers and the sink takes
+            # seconds on a loaded VM, and the good edge must publish until the attack ends.
+            publish_s = t.warmup_s + t.attack_s(self.case) + PUBLISH_SLACK_S
+            publisher = await self.start_publisher("ws", publish_s)
             await self._hold(t.warmup_s)
             self.attack_started_t = self.now()
             if self.case.attacks and self.died_t is None:
@@ -360,6 +367,12 @@ def checks(rig: HostileRig) -> list[report.Check]:
             "came up; the frame that ended it: capture→accept {:.2f} s, accept→processed {:.2f} s, "
             "processed→sink {:.2f} s; the edge's longest capture gap {:.2f} s".format(
                 *g.stall_end_delays_s, g.capture_gap_s
+            )
+            + (
+                f"; measured to its last frame: it published until "
+                f"{g.published_until_s_before_end:.2f} s before the attackers stopped"
+                if g.published_until_s_before_end > 0
+                else ""
             )
             + ("; the bridge died, so the good edge stalled for good" if rig.died_t else ""),
         ),

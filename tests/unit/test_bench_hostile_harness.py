@@ -129,3 +129,20 @@ def test_the_longest_stall_is_attributed_to_its_ending_frame(tmp_path: Path) -> 
     assert good.stall_s == pytest.approx(1.8)
     assert good.stall_end_delays_s == pytest.approx((0.2, 0.1, 1.5))
     assert good.capture_gap_s == pytest.approx(0.1)
+
+
+def test_the_stall_window_ends_with_the_edges_last_frame(tmp_path: Path) -> None:
+    """The good edge publishes for a fixed time; when the sink came up late its run ended
+    before the attackers stopped (CI on 3b13508: 'stall 2.79 s' that was only the publisher
+    being done). Its last frame's arrival ends the window, and the report says so."""
+    s = int(1e9)
+    rows = [
+        FrameRecord("good-0", "a", n, capture_ns=n * s // 10, ingest_ns=n * s // 10,
+                    processed_ns=n * s // 10, received_ns=n * s // 10 + s // 20)
+        for n in range(1, 11)
+    ]  # fmt: skip
+    path = tmp_path / "sink.jsonl"
+    path.write_text("".join(encode(r) for r in rows))
+    good = good_edge_at_sink(path, "good-", (0, 3 * s), {"published": 10})
+    assert good.published_until_s_before_end == pytest.approx(2.0)
+    assert good.stall_s == pytest.approx(0.15)  # window start → first arrival; then 0.1 apart
