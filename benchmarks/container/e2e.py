@@ -23,8 +23,8 @@ from benchmarks.container.rig import (
     MiB,
     RigConfig,
     Step,
-    remove_stale,
 )
+from benchmarks.container.stale import remove_stale
 
 START_CPU = 1.5
 START_MEMORY = 512 * MiB

@@ -52,8 +52,8 @@ from benchmarks.container.rig import (
     MiB,
     RigConfig,
     Step,
-    remove_stale,
 )
+from benchmarks.container.stale import remove_stale
 from bridge.resources.from_settings import memory_headroom_bytes as governor_headroom
 
 MAX_FRAME = 16 * MiB

@@ -584,29 +584,3 @@ def _equal(a: float | None, b: float | None) -> bool:
     if b is None:
         return a == float("inf")
     return abs(a - b) <= 1e-6 * max(1.0, abs(b))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-async def remove_stale(podman: Podman) -> list[str]:
-    """Remove rig containers whose owning process is gone (a run killed with SIGKILL)."""
-    out = await podman.run("ps", "--all", "--filter", f"label={LABEL}=1", "--format", "{{.Names}}")
-    removed = []
-    for name in out.split():
-        if not name.startswith(f"{LABEL}-"):
-            continue
-        state = await podman.inspect(name)
-        owner = state.get("Config", {}).get("Labels", {}).get(f"{LABEL}.owner", "")
-        if owner.isdigit() and _alive(int(owner)):
-            continue
-        await podman.remove(name)
-        removed.append(name)
-    return removed

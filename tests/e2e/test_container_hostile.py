@@ -35,11 +35,6 @@ FAILING_TODAY: dict[str, str] = {
     "ignore-pause": "/healthz: 1 probe of 165 at 108 ms (p99 34 ms, target 100) at 400m on "
     "5227c63, AMD EPYC, 2 vCPUs shared with other work; passed at 256m, 768m and 1g in the same "
     "session (anon 0.76-0.88 of the limit since 8590b51 and 63b87b9)",
-    "bomb-inline": "the good edge's longest stall is 2.28 s against the 2 s bound and 1 probe "
-    "took 102 ms at 400m on 5227c63 (each valid 16 MiB bomb's decode is granted first)",
-    "bomb-offloop": "the good edge stalls 3.98 s with the sink up at 400m on 5227c63, although "
-    "the attacker is now closed after at most 4 refused decodes (18 times in 8 s); the cause "
-    "is not isolated",
 }
 
 
