@@ -1,10 +1,9 @@
 """What receiving one WebSocket message costs: the bridge's adapter against ``websockets``.
 
 Why: at 1 KB a message the bridge's own work per frame is small enough that the WebSocket layer
-shows. The adapter (``bridge.server.ws_impl.GovernedConnection``) meters every frame header, asks
-the
-memory governor for each payload and, for a whole binary message, unmasks and queues it without
-the library's frame parser (a large one once its reads are collected). This feeds both
+shows. The adapter (``bridge.server.ws_conn.GovernedConnection``) meters every frame header,
+asks the memory governor for each payload and, for a whole binary message, unmasks and queues it
+without the library's frame parser (a large one once its reads are collected). This feeds both
 connection classes the same reads (1, 3 or 8 masked messages each, as a closed-loop edge's reads
 hold; in reads of at most 256 KiB, as the event loop delivers them), receives every message the
 way ingest does, interleaved round by round, and prints CPU time per message (median of rounds).

@@ -9,8 +9,7 @@ Python threads decimating at once and reports their combined throughput over one
 ~2x on two cores means the method really runs in parallel in a worker pool.
 
 Run ``python -m benchmarks.decimate.cli --help`` for the input sets (``make bench-decimate
-ARGS=...``
-passes them through).
+ARGS=...`` passes them through).
 """
 
 from __future__ import annotations

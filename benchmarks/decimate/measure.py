@@ -1,7 +1,6 @@
 """How `make bench-decimate` measures a method: repeated timings within a budget, the
 resident high-water mark of one call, and the C kernel's key-frame guesses
-(benchmarks/decimate/cli.py
-keeps the cases, the table and the command line)."""
+(benchmarks/decimate/cli.py keeps the cases, the table and the command line)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What every part of the relay benchmark shares: the matrix and size constants, the sink-side
 scan of a ProcessedFrame (field numbers from the generated descriptors, via
-:mod:`bridge.protocol.wire`),
-the per-connection accounting, the configuration and one cell's result."""
+:mod:`bridge.protocol.wire`), the per-connection accounting, the configuration and one cell's
+result."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Why prepared bytes: a 1 MB cloud serialized per frame costs about a millisecond; a frame built from
 prepared bytes is a header plus one concatenation. The splices (``Frame.point_cloud``,
 ``PointCloud.data``, ``EdgeMessage.frame``) take their field keys from :mod:`bridge.protocol.wire`,
-which
-derives them from the generated descriptors, so a renumbered field cannot silently break them.
+which derives them from the generated descriptors, so a renumbered field cannot silently break them.
 
 Accepted payloads, by stream kind:
 

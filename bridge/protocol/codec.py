@@ -1,8 +1,8 @@
 """Wire codec (sans-I/O): bytes <-> protobuf messages, with every limit checked here.
 
 Adapters hand raw bytes in and get either a message or a
-:class:`~bridge.protocol.errors.ProtocolError`
-that says exactly what was wrong, so both transports reject bad input the same way.
+:class:`~bridge.protocol.errors.ProtocolError` that says exactly what was wrong, so both transports
+reject bad input the same way.
 """
 
 from __future__ import annotations

@@ -6,10 +6,9 @@ worker thread decodes while the loop keeps reading and admitting other streams' 
 
 Per connection: at most one decode in flight, and its declared peak memory (output, copies and
 scratch: :func:`bridge.protocol.compress.declared`) is granted by the memory budget *before* it
-starts,
-first come first served like received bytes; a later frame of the same stream, or the next cloud
-to decode, waits for it, so each stream's frames are admitted in the order they arrived. Frames
-of other streams may overtake the cloud being decoded (as with lanes on the uplink). A decode
+starts, first come first served like received bytes; a later frame of the same stream, or the next
+cloud to decode, waits for it, so each stream's frames are admitted in the order they arrived.
+Frames of other streams may overtake the cloud being decoded (as with lanes on the uplink). A decode
 that is refused adds its declared size to the connection's refused work
 (:class:`bridge.server.uplink.RefusedDecodes`).
 """

@@ -2,9 +2,8 @@
 
 Why a module of its own: the ingest connection stays one loop of "receive, admit"; this adapter
 turns ``FrameChunk`` pieces into whole frames (:mod:`bridge.server.chunks`) and encoded clouds into
-raw
-records (:mod:`bridge.protocol.compress`), so the core, the rings and decimation never learn either
-exists. Sans-I/O: messages, charges and times in; frames, charges and refusals out.
+raw records (:mod:`bridge.protocol.compress`), so the core, the rings and decimation never learn
+either exists. Sans-I/O: messages, charges and times in; frames, charges and refusals out.
 """
 
 from __future__ import annotations

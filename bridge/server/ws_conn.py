@@ -4,8 +4,8 @@
 
 Receive is bounded in bytes, not messages: a data frame's payload is read only after the memory
 governor granted it. The size comes from the frame header
-(:class:`bridge.server.wsmeter.FrameMeter`)
-before the payload arrives. While a grant waits the connection stops reading (TCP flow control
+(:class:`bridge.server.wsmeter.FrameMeter`) before the payload arrives. While a grant waits the
+connection stops reading (TCP flow control
 stops the sender) and the edge is told ``FlowControl PAUSE`` (``on_wait``). What a connection
 holds beyond its grants is one socket read (<= 256 KiB, the event loop's read size) plus control
 frames. The first message (the Hello, up to :data:`HELLO_BYTES`) is charged without waiting, so
@@ -73,8 +73,7 @@ class GovernedConnection(asyncio.Protocol):
     The asyncio side is small glue: ``data_received`` meters, feeds ``ServerProtocol``, writes
     what it has to send and queues the messages; ``recv``/``send``/``close`` are what the
     bridge's transport (:class:`bridge.server.ws_impl.WsTransport`) calls. Keepalive pings, the
-    close
-    timeout and the opening handshake timeout are here too.
+    close timeout and the opening handshake timeout are here too.
     """
 
     def __init__(

@@ -1,7 +1,6 @@
 """WebSocket ingest adapter at ``/v1/ingest``: a server of
 :class:`bridge.server.ws_conn.GovernedConnection`, our own asyncio protocol over ``websockets``'
-public
-sans-I/O ``ServerProtocol``.
+public sans-I/O ``ServerProtocol``.
 
 Library defaults that bite a point-cloud relay are set deliberately (docs/design.md §2): no
 permessage-deflate (no extension is offered) and ``max_size`` from settings (a larger message

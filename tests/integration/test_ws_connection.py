@@ -1,6 +1,6 @@
 """The WebSocket connection the bridge now runs itself (``bridge.server.ws_conn``, over
-``websockets``'
-sans-I/O ``ServerProtocol``) keeps what the library's asyncio server did for us: the upgrade
+``websockets``' sans-I/O ``ServerProtocol``) keeps what the library's asyncio server did for us: the
+upgrade
 answers (404 off the ingest path, 503 while draining or closing), keepalive pings that fail a
 silent peer with 1011, a server close that says 1001, and the ``Server`` header.
 """

@@ -1,6 +1,5 @@
 """Predictive xyz coding (bridge.protocol.predictive): the decoder rebuilds exactly the quantized
-values,
-for any content, order, size and depth, extremes included."""
+values, for any content, order, size and depth, extremes included."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Codec decoding at the uplink (bridge.server.uplink, sans-I/O): a decode is sized and refused by
-what
-its headers declare, never by its encoded size, and refused decode work is bounded per
+what its headers declare, never by its encoded size, and refused decode work is bounded per
 connection."""
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ unmasked read by read into new bytes, then joined, held twice its size at the jo
 list and join churned glibc's heap (freed, not returned). The adapter now allocates ONE buffer
 of the size the frame header announced, when the grant arrives, unmasks each read into it in
 place and hands that buffer to ``recv()`` (``bridge.server.ws_conn.Payload``). Python's own
-allocation
-tracer measures the peak of what receiving the message allocated, on a connection over a stub
+allocation tracer measures the peak of what receiving the message allocated, on a connection over a
+stub
 transport (the reads themselves are made before tracing starts).
 """
 
