@@ -42,6 +42,7 @@ from typing import Any
 
 from benchmarks.container import report
 from benchmarks.container.good_edge import GoodEdge, good_edge_at_sink
+from benchmarks.container.hostile_cases import CASES, Case, Timing
 from benchmarks.container.probe import HealthProbe, free_port, round_up
 from benchmarks.container.resize import DirectResizer
 from benchmarks.container.rig import (
@@ -65,6 +66,14 @@ CPU = 1.5
 #: The good edge's longest time without a frame reaching the sink while the sink is up (the
 #: issue's target; a stall is measured, reported, and asserted against this).
 STALL_BOUND_S = 2.0
+#: A probe is set apart from the /healthz bound when a trivial HTTP server on the host, probed at
+#: the same instant from the same probe process, took longer than this: the host's CPUs were busy
+#: (the 2-vCPU VM runs the attackers, the sink and the publisher beside the container), not the
+#: bridge. Measured: such a server answered in 107 ms once while a benchmark ran. Such probes
+#: are reported, and more than HOST_BUSY_SHARE of them fails the check: the host was too busy
+#: to judge the bridge.
+HOST_BUSY_S = 0.05
+HOST_BUSY_SHARE = 0.05
 #: The good edge publishes this long past the nominal end of the attack (measured: the sink and
 #: the attackers took up to 3 s to start on the loaded 2-core VM, and a fixed-length run then
 #: ended before the attack did, which read as a 2.8-4 s "stall" at the end).
@@ -76,66 +85,6 @@ LIMITS_FULL = (256 * MiB, 400 * MiB, 768 * MiB, 1024 * MiB)
 SHORT_LIMIT = 400 * MiB
 #: One well-behaved edge: 2 streams of 20k-point clouds (240 KB) at 10 Hz.
 GOOD = Load(transports=("ws",), edges=1, streams_per_edge=2, rate_hz=10.0, points=20_000)
-
-
-@dataclass(frozen=True, slots=True)
-class Case:
-    """``attacks`` are :mod:`benchmarks.hostile` ``--attack`` specs; ``shrink``: two live memory
-    decreases (``podman update --memory``) to just above the working set under the attack."""
-
-    name: str
-    attacks: tuple[str, ...]
-    what: str
-    shrink: bool = False
-
-
-CASES = {
-    c.name: c
-    for c in (
-        Case("baseline", (), "no attacker: the harness's own figures (well-behaved edge only)"),
-        Case(
-            "ignore-pause",
-            ("ws-pause:3", "grpc-pause:1"),
-            "3 WebSocket + 1 gRPC edges ignoring PAUSE, never reading, 15 MiB frames",
-        ),
-        Case("subscribers", ("subscribers:4",), "4 Subscribe calls that never read"),
-        Case(
-            "bomb-inline",
-            ("bomb-quantized",),
-            "quantized-codec frames of ~1 KB declaring ~16 MiB (decoded inline)",
-        ),
-        Case(
-            "bomb-offloop",
-            ("bomb-quantized-padded",),
-            "the same padded to >= 64 KiB (decoded off the event loop)",
-        ),
-        Case("bomb-zstd", ("bomb-zstd",), "zstd-codec frames of ~530 B inflating to ~16 MiB"),
-        Case(
-            "chunk-hold",
-            ("chunk-hold",),
-            "one connection opens 15 MiB chunked frames on 64 streams, never finishes them",
-        ),
-        Case(
-            "shrink",
-            ("ws-pause:3", "grpc-pause:1"),
-            "live memory shrinks to just above the working set with the ignore-pause edges on",
-            shrink=True,
-        ),
-    )
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    warmup_s: float = 2.0  # the good edge alone, sink down
-    down_s: float = 5.0  # attackers on, sink down
-    up_s: float = 8.0  # attackers on, sink up
-    shrink_hold_s: float = 3.0  # after each shrink step (shrink case only)
-    settle_s: float = 2.0  # sink up → first shrink step
-
-    def attack_s(self, case: Case) -> float:
-        shrink = self.settle_s + 2 * self.shrink_hold_s if case.shrink else 0.0
-        return self.down_s + shrink + self.up_s
 
 
 class HostileRig(ContainerRig):
@@ -321,6 +270,8 @@ def checks(rig: HostileRig) -> list[report.Check]:
     gap = max((b.t - a.t for a, b in itertools.pairwise(samples)), default=0.0)
     proc_worst = max((s.rss / (s.limit or 1) for s in samples), default=0.0)
     hz, probes, failed = _healthz(rig)
+    busy = _host_busy(rig)
+    busy_share = len(busy) / max(1, probes + len(busy))
     attackers = {k: v for k, v in rig.attack_report.items() if isinstance(v, dict)}
     idle = [k for k, v in attackers.items() if int(v.get("messages", 0)) == 0 or v.get("error")]
     if not rig.case.attacks:
@@ -378,10 +329,11 @@ def checks(rig: HostileRig) -> list[report.Check]:
         ),
         report.Check(
             f"/healthz within {HEALTHZ_BOUND_S * 1000:.0f} ms throughout",
-            probes > 10 and failed == 0 and hz <= HEALTHZ_BOUND_S,
+            probes > 10 and failed == 0 and hz <= HEALTHZ_BOUND_S and busy_share <= HOST_BUSY_SHARE,
             f"max {hz * 1000:.0f} ms over {probes} probes (p50 {_healthz_q(rig, 0.5):.0f}, p99 "
             f"{_healthz_q(rig, 0.99):.0f} ms), {failed} failed (target "
-            f"{HEALTHZ_TARGET_S * 1000:.0f} ms, asserted {HEALTHZ_BOUND_S * 1000:.0f} ms)",
+            f"{HEALTHZ_TARGET_S * 1000:.0f} ms, asserted {HEALTHZ_BOUND_S * 1000:.0f} ms)"
+            + _host_busy_note(rig, busy_share),
         ),
     ]
     if rig.case.shrink:
@@ -404,21 +356,46 @@ def checks(rig: HostileRig) -> list[report.Check]:
     return out
 
 
-def _healthz(rig: HostileRig) -> tuple[float, int, int]:
-    """Worst ``/healthz`` latency, probes and failures from the good edge's start to the end."""
-    if rig.health is None:
-        return 0.0, 0, 0
+def _probe_window(rig: HostileRig) -> tuple[float, float]:
+    """From the good edge's start to the end (to its death: a dead bridge answers nothing,
+    which is the OOM check's)."""
     end = rig._t0 + (rig.load_ended_t if rig.load_ended_t is not None else rig.now())
     if rig.died_t is not None:
-        end = rig._t0 + rig.died_t  # a dead bridge answers nothing: that is the OOM check's
-    return rig.health.worst(rig._t0, end)
+        end = rig._t0 + rig.died_t
+    return rig._t0, end
+
+
+def _healthz(rig: HostileRig) -> tuple[float, int, int]:
+    """Worst ``/healthz`` latency, probes and failures, the probes when the host was busy set
+    apart (:data:`HOST_BUSY_S`)."""
+    if rig.health is None:
+        return 0.0, 0, 0
+    return rig.health.worst(*_probe_window(rig), HOST_BUSY_S)
 
 
 def _healthz_q(rig: HostileRig, q: float) -> float:
     if rig.health is None:
         return 0.0
-    end = rig.load_ended_t if rig.load_ended_t is not None else rig.now()
-    return 1000 * rig.health.percentile(rig._t0, rig._t0 + (rig.died_t or end), q)
+    return 1000 * rig.health.percentile(*_probe_window(rig), q, HOST_BUSY_S)
+
+
+def _host_busy(rig: HostileRig) -> list[tuple[float, float]]:
+    if rig.health is None:
+        return []
+    return rig.health.host_busy(*_probe_window(rig), HOST_BUSY_S)
+
+
+def _host_busy_note(rig: HostileRig, share: float) -> str:
+    busy = _host_busy(rig)
+    if not busy:
+        return f"; the control server never took over {HOST_BUSY_S * 1000:.0f} ms"
+    worst = max(busy)
+    return (
+        f"; {len(busy)} probe(s) set apart ({share:.0%}, at most {HOST_BUSY_SHARE:.0%} may be) "
+        f"because a trivial server on the host took over {HOST_BUSY_S * 1000:.0f} ms at the "
+        f"same instant: the worst of them {worst[0] * 1000:.0f} ms (control "
+        f"{worst[1] * 1000:.0f} ms)"
+    )
 
 
 def _mib(n: int | None) -> str:
@@ -521,7 +498,10 @@ def summary(rig: HostileRig) -> dict[str, Any]:
         "good_edge": asdict(rig.good),
         "attackers": rig.attack_report,
         "publisher": rig.publish_report,
-        "healthz": [(round(t - rig._t0, 3), round(lat, 4), ok) for t, lat, ok in rig.health.results]
+        "healthz": [
+            (round(t - rig._t0, 3), round(lat, 4), ok, round(ctl, 4))
+            for (t, lat, ok), ctl in zip(rig.health.results, rig.health.control, strict=True)
+        ]
         if rig.health
         else [],
         "samples": [

@@ -1,6 +1,6 @@
 """Probes the container rig reads on the host: process RSS, the cgroup's anonymous memory, the
 kernel's OOM-kill lines, the bridge's ``/metrics`` over plain HTTP, ``/healthz`` latency (from a
-thread of its own), and the rlimits a container may be given."""
+process of its own), and the rlimits a container may be given."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import asyncio
 import resource
 import socket
 import subprocess
+import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,57 +82,103 @@ def cgroup_anon(memory_dir: Path, version: str) -> int:
 
 @dataclass(slots=True)
 class HealthProbe:
-    """``GET /healthz`` every ``period_s`` from a thread of its own (so the harness's event loop,
-    busy with scrapes and podman calls, never delays a probe): ``(t, latency_s, ok)`` per probe,
-    ``t`` on ``time.monotonic``. A probe that gets no 200 within ``timeout_s`` counts as that
-    long, not OK."""
+    """``GET /healthz`` every ``period_s`` from a process of its own
+    (:mod:`benchmarks.container.healthz_probe`), beside a control: a trivial server in its own
+    process (:mod:`benchmarks.container.null_http`) probed at the same instant. In a thread of
+    the harness, a probe's timing waited for the harness's GIL while it parsed ``/metrics``; and
+    on this 2-vCPU host a trivial server itself sometimes answers in 100 ms. ``(t, latency_s,
+    ok)`` per probe, ``t`` on ``time.monotonic`` (the system-wide clock), and the control's
+    latency in ``control`` (same index). A probe that gets no 200 within ``timeout_s`` counts
+    as that long, not OK."""
 
     port: int
     period_s: float = 0.1
     timeout_s: float = 2.0
     results: list[tuple[float, float, bool]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    control: list[float] = field(default_factory=list)
+    _procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    _reader: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="healthz-probe", daemon=True)
-        self._thread.start()
+        root = Path(__file__).resolve().parents[2]
+        null = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.container.null_http"],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=root,
+        )
+        self._procs.append(null)
+        assert null.stdout is not None
+        control_port = null.stdout.readline().strip()
+        args = [str(self.port), str(self.period_s), str(self.timeout_s), control_port]
+        probe = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.container.healthz_probe", *args],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=root,
+        )
+        self._procs.append(probe)
+        self._reader = threading.Thread(
+            target=self._read, args=(probe,), name="healthz-lines", daemon=True
+        )
+        self._reader.start()
+
+    def _read(self, probe: subprocess.Popen[str]) -> None:
+        assert probe.stdout is not None
+        for line in probe.stdout:
+            t, latency, ok, control = line.split()
+            self.control.append(float(control))
+            self.results.append((float(t), float(latency), ok == "1"))
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self.timeout_s + 1)
+        for proc in reversed(self._procs):
+            proc.terminate()
+            try:
+                proc.wait(self.timeout_s + 1)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._reader is not None:
+            self._reader.join(self.timeout_s + 1)
+        for proc in self._procs:
+            if proc.stdout is not None:
+                proc.stdout.close()
+        self._procs.clear()
 
-    def once(self) -> tuple[float, bool]:
-        t0 = time.monotonic()
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), self.timeout_s) as sock:
-                sock.settimeout(max(0.001, self.timeout_s - (time.monotonic() - t0)))
-                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: rig\r\nConnection: close\r\n\r\n")
-                head = sock.recv(64)
-            ok = head.startswith(b"HTTP/1.1 200") or head.startswith(b"HTTP/1.0 200")
-        except OSError:
-            ok = False
-        latency = time.monotonic() - t0
-        return (latency if ok else max(latency, self.timeout_s)), ok
+    def _window(
+        self, since: float, until: float, host_busy_s: float | None
+    ) -> list[tuple[float, bool]]:
+        """(latency, ok) of the probes started in [since, until]; with ``host_busy_s``, without
+        the OK ones whose control took longer than that (the host was busy, not the bridge)."""
+        return [
+            (lat, ok)
+            for (t, lat, ok), ctl in zip(self.results, self.control, strict=True)
+            if since <= t <= until and not (ok and host_busy_s is not None and ctl > host_busy_s)
+        ]
 
-    def _run(self) -> None:
-        next_t = time.monotonic()
-        while not self._stop.is_set():
-            t = time.monotonic()
-            latency, ok = self.once()
-            self.results.append((t, latency, ok))
-            next_t = max(next_t + self.period_s, time.monotonic())
-            self._stop.wait(max(0.0, next_t - time.monotonic()))
+    def host_busy(
+        self, since: float, until: float, host_busy_s: float
+    ) -> list[tuple[float, float]]:
+        """(bridge latency, control latency) of the OK probes in [since, until] whose control
+        answered slower than ``host_busy_s``."""
+        return [
+            (lat, ctl)
+            for (t, lat, ok), ctl in zip(self.results, self.control, strict=True)
+            if since <= t <= until and ok and ctl > host_busy_s
+        ]
 
-    def percentile(self, since: float, until: float, q: float) -> float:
+    def percentile(
+        self, since: float, until: float, q: float, host_busy_s: float | None = None
+    ) -> float:
         """The ``q`` quantile (0..1, nearest rank) of the latencies in [since, until]."""
-        window = sorted(lat for t, lat, _ in self.results if since <= t <= until)
+        window = sorted(lat for lat, _ in self._window(since, until, host_busy_s))
         return window[min(len(window) - 1, int(q * len(window)))] if window else 0.0
 
-    def worst(self, since: float, until: float) -> tuple[float, int, int]:
+    def worst(
+        self, since: float, until: float, host_busy_s: float | None = None
+    ) -> tuple[float, int, int]:
         """(max latency s, probes, failed probes) of the probes started in [since, until]."""
-        window = [(lat, ok) for t, lat, ok in self.results if since <= t <= until]
+        window = self._window(since, until, host_busy_s)
         return (
             max((lat for lat, _ in window), default=0.0),
             len(window),
