@@ -205,7 +205,8 @@ class HostileRig(ContainerRig):
     async def run_case(self) -> None:
         t = self.timing
         self._t0 = time.monotonic()
-        self._sink_addr = f"127.0.0.1:{free_port()}"  # nobody listens there yet
+        sink_port = next(p for p in iter(free_port, 0) if p not in self.ports.values())
+        self._sink_addr = f"127.0.0.1:{sink_port}"  # nobody listens there yet
         await self.start_bridge()
         cpu0 = self.cpu_stat()
         self.health = HealthProbe(self.ports["http"])

@@ -38,7 +38,7 @@ from typing import Any
 from benchmarks.container.probe import (
     ULIMITS,
     cgroup_anon,
-    free_port,
+    free_ports,
     http_get,
     kernel_oom_kills,
     parse_metrics,
@@ -137,7 +137,7 @@ class ContainerRig:
         self.cfg = cfg
         self.podman = podman or Podman()
         self.name = f"{LABEL}-{tag}-{os.getpid()}"
-        self.ports = {"ws": free_port(), "grpc": free_port(), "http": free_port()}
+        self.ports = dict(zip(("ws", "grpc", "http"), free_ports(3), strict=True))
         self.samples: list[Sample] = []
         self.steps: list[StepResult] = []
         self.pid = 0
@@ -206,7 +206,7 @@ class ContainerRig:
                 raise RuntimeError(
                     f"bridge ports taken {PORT_RETRIES + 1} times:\n{await self.logs()}"
                 )
-            self.ports = {"ws": free_port(), "grpc": free_port(), "http": free_port()}
+            self.ports = dict(zip(("ws", "grpc", "http"), free_ports(3), strict=True))
         state = await self.podman.inspect(self.name)
         self.pid = int(state["State"]["Pid"])
         self.container_id = str(state["Id"])

@@ -99,3 +99,11 @@ def test_probes_taken_while_the_host_was_busy_are_set_apart() -> None:
     assert probe.worst(0, 10, 0.05) == (2.0, 3, 1)  # the failed one stays
     assert probe.worst(0, 3.5, 0.05) == (0.120, 2, 0)  # 0.120 was the bridge: kept
     assert probe.worst(0, 3.5) == (0.300, 3, 0)
+
+
+def test_free_ports_are_distinct() -> None:
+    from benchmarks.container.probe import free_ports
+
+    for _ in range(50):
+        ports = free_ports(3)
+        assert len(set(ports)) == 3, ports
