@@ -132,6 +132,12 @@ class IngestRole(CoreState):
         )
         return Attached(session, welcome, superseded)
 
+    def live_connection(self, device_id: str) -> object | None:
+        """The connection the device's session is attached to, or None (no live session): the
+        incumbent a Hello refused with :class:`SessionTaken` may challenge."""
+        session = self.by_device.get(device_id)
+        return session.connection if session is not None and session.attached else None
+
     def limits_now(self) -> pb.ServerLimits:
         """The limits an edge must respect now: ``max_frame_bytes`` follows the memory plan (the
         largest frame the governor could ever grant at the current budget)."""

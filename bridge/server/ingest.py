@@ -29,6 +29,7 @@ from bridge.protocol.errors import (
     TooManyPending,
     Unauthenticated,
 )
+from bridge.server import challenge
 from bridge.server.admission import Admission
 from bridge.server.chunkwarden import ChunkWarden
 from bridge.server.governor import Charge, Governor
@@ -232,7 +233,7 @@ class EdgeConnection:
                     return
                 Uplink.check_hello(msg.hello)
                 await learn_sink_marks(core, msg.hello)  # before Welcome: what others delivered
-                attached = core.hello(msg.hello, self, identity_proven=proven)
+                attached = await challenge.attach(core, msg.hello, self, proven, metrics)
                 self.session, welcome = attached.session, attached.welcome
                 self._uplink = Uplink(
                     msg.hello,

@@ -33,6 +33,9 @@ SINK_FAILURE_REASONS = ("ack_timeout", "handshake_timeout")
 SINK_MARKS_SKIP_REASONS = ("cached", "in_flight", "rate", "stalled")
 SINK_MARKS_RESULTS = ("answered", "timeout", "failed")
 UNAUTHORIZED_SURFACES = ("http", "subscribe")
+# A Hello refused for a device whose session is on another live connection challenges that one
+# (bridge.server.challenge): what came of it.
+CHALLENGE_RESULTS = ("alive", "dead", "skipped", "unchecked")
 # Refusals that close a connection (fatal in the wire table): the reasons of connections_closed.
 CLOSE_REASONS = tuple(reason for reason, wire in WIRE.items() if wire.fatal)
 
@@ -158,6 +161,15 @@ class BridgeMetrics:
             ["reason"],
             registry=r,
         )
+        self.session_challenges = Counter(
+            "bridge_session_challenges_total",
+            "Hellos without the resume token of their device's live session, by what a ping of"
+            " its connection showed (alive: answered, the Hello refused; dead: no answer, closed"
+            " and replaced; skipped: a challenge of that device in flight or within the last"
+            " second, refused; unchecked: gRPC, or not reading, refused)",
+            ["result"],
+            registry=r,
+        )
         self.connections_closed = Counter(
             "bridge_connections_closed_total",
             "Edge connections the bridge closed, by the refusal that closed them",
@@ -207,6 +219,8 @@ class BridgeMetrics:
             self.sink_marks_skipped.labels(reason)
         for result in SINK_MARKS_RESULTS:
             self.sink_marks_queries.labels(result)
+        for result in CHALLENGE_RESULTS:
+            self.session_challenges.labels(result)
 
     def refused(self, transport: str, reason: str) -> None:
         """Count one refusal of an edge's input; a fatal one (the wire table says which) also

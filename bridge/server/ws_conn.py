@@ -556,19 +556,24 @@ class GovernedConnection(asyncio.Protocol):
 
     # Keepalive
 
+    def send_ping(self) -> asyncio.Future[float]:
+        """A ping now (the keepalive's, a challenge's): its pong's future, cancelled if lost."""
+        data = os.urandom(4)
+        while data in self._pings:
+            data = os.urandom(4)
+        pong: asyncio.Future[float] = self.loop.create_future()
+        self._pings[data] = (pong, self.loop.time())
+        self.protocol.send_ping(data)
+        self._send_data()
+        return pong
+
     async def _keep_alive(self, interval: float) -> None:
         latency = 0.0
         while self.protocol.state is State.OPEN:
             await asyncio.sleep(interval - latency)
             if self.protocol.state is not State.OPEN:
                 return
-            data = os.urandom(4)
-            while data in self._pings:
-                data = os.urandom(4)
-            pong = self.loop.create_future()
-            self._pings[data] = (pong, self.loop.time())
-            self.protocol.send_ping(data)
-            self._send_data()
+            pong = self.send_ping()
             if self.ping_timeout is None:
                 continue
             try:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from websockets.datastructures import Headers
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from bridge.config.settings import Settings
 from bridge.protocol.errors import FrameTooLarge, MalformedMessage, ProtocolError
@@ -42,6 +43,7 @@ class WsTransport:
 
     def __init__(self, ws: GovernedConnection) -> None:
         self.ws = ws
+        self._closing: asyncio.Future[None] | None = None  # a close after an unanswered ping
 
     def on_wait(self, notify: Callable[[bool], None]) -> None:
         self.ws.on_wait = notify
@@ -68,6 +70,35 @@ class WsTransport:
 
     async def close_going_away(self, reason: str = "bridge shutting down") -> None:
         await self.ws.close(int(CloseCode.GOING_AWAY), reason)
+
+    async def ping(self, seconds: float) -> bool | None:
+        """One ping now (a challenge, :mod:`bridge.server.challenge`). True: its pong came
+        within ``seconds``, or data did (a live edge busy sending a large frame over a slow
+        link answers late). None: the connection is not reading (a memory grant or a full
+        queue holds it), so a pong would sit unread: no ping, nothing concluded. False: nothing
+        came; the connection is closed as the keepalive closes it (1011, then the close
+        timeout)."""
+        ws = self.ws
+        if ws.state is not State.OPEN:
+            return False
+        if not ws.reading:
+            return None
+        meter = ws.meter
+        before = (meter.frames, meter.payload_left)  # data frames begun, payload still to come
+        pong = ws.send_ping()
+        await asyncio.wait((pong,), timeout=seconds)
+        if pong.done():
+            return not pong.cancelled()  # cancelled: the connection was lost meanwhile
+        if ws.state is not State.OPEN:
+            return False
+        if (meter.frames, meter.payload_left) != before:
+            return True  # a frame began or went on (reading only stops for data: it was on)
+        # The keepalive's code and reason; tasks start in order, so this close frame goes out
+        # before the one of the Hello that replaces this connection (1001, superseded).
+        self._closing = asyncio.ensure_future(
+            ws.close(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
+        )
+        return False
 
 
 def _bearer(headers: Headers) -> str:
