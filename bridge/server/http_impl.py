@@ -77,7 +77,7 @@ class OpsHttpServer:
         self._thread: threading.Thread | None = None
         self._beat_task: asyncio.Task[None] | None = None
         self._last_beat = time.monotonic()
-        self._open = 0
+        self._open: set[_OpsConnection] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
 
     async def start(self, host: str, port: int) -> int:
@@ -113,7 +113,7 @@ class OpsHttpServer:
         try:
             try:
                 self._server = loop.run_until_complete(
-                    asyncio.start_server(self._handle, host, port, limit=_MAX_REQUEST_BYTES)
+                    loop.create_server(lambda: _OpsConnection(self), host, port)
                 )
             except OSError as exc:
                 bridge.call_soon_threadsafe(_settle, started, None, exc)
@@ -135,6 +135,9 @@ class OpsHttpServer:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        for conn in list(self._open):
+            conn.close()
+        await asyncio.sleep(0)  # their connection_lost runs on this loop, before it closes
 
     # -- the bridge loop's side ------------------------------------------------------------------
     async def _beat(self) -> None:
@@ -203,45 +206,104 @@ class OpsHttpServer:
             future.cancel()
             return 503, "text/plain", b"the event loop did not answer in time\n"
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._handlers.add(task)
-            task.add_done_callback(self._handlers.discard)
-        self._open += 1
+    def answer_now(self, head: bytes) -> tuple[bytes, str | None]:
+        """The response to a request ``head``, or ``(b"", path)`` when ``path`` must be answered
+        on the bridge's loop. Probes, refusals and errors are answered here, in the callback
+        that read the request: no task, no further turn of this loop (each turn waits for the
+        GIL, which the bridge's threads hold under load)."""
         try:
-            if self._open > MAX_CONNECTIONS:
-                return
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_SECONDS)
             method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
-            if method not in ("GET", "HEAD"):
-                status, ctype, body = 405, "text/plain", b"method not allowed\n"
-            else:
-                path = target.split("?", 1)[0]
-                if self.needs_token(path) and not self.authorized(head):
-                    status, ctype, body = 401, "text/plain", b"bearer token required\n"
-                    if self.on_unauthorized is not None:
-                        self.on_unauthorized(path)
-                else:
-                    answer = self.probe(path)
-                    if answer is None:
-                        answer = await self._on_bridge_loop(path)
-                    status, ctype, body = answer
-            auth_header = "WWW-Authenticate: Bearer\r\n" if status == 401 else ""
-            writer.write(
-                f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n{auth_header}\r\n".encode()
-            )
-            if method != "HEAD":
-                writer.write(body)
-            await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
-            pass
-        except ConnectionError:
-            pass
+        except ValueError:
+            return b"", None
+        if method not in ("GET", "HEAD"):
+            return _response(method, (405, "text/plain", b"method not allowed\n")), None
+        path = target.split("?", 1)[0]
+        if self.needs_token(path) and not self.authorized(head):
+            if self.on_unauthorized is not None:
+                self.on_unauthorized(path)
+            return _response(method, (401, "text/plain", b"bearer token required\n")), None
+        answer = self.probe(path)
+        if answer is not None:
+            return _response(method, answer), None
+        return b"", path
+
+    async def answer_later(self, conn: _OpsConnection, method: str, path: str) -> None:
+        try:
+            conn.send(_response(method, await self._on_bridge_loop(path)))
         finally:
-            self._open -= 1
-            writer.close()
+            conn.close()
+
+
+class _OpsConnection(asyncio.Protocol):
+    """One request per connection: the head (at most ``_MAX_REQUEST_BYTES``, within
+    ``READ_SECONDS``), then the response and close. Past ``MAX_CONNECTIONS`` open, closed at
+    once."""
+
+    def __init__(self, server: OpsHttpServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.server._open.add(self)
+        if len(self.server._open) > MAX_CONNECTIONS:
+            transport.close()
+            return
+        self.timer = asyncio.get_running_loop().call_later(READ_SECONDS, self.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self.timer is None or self.transport is None:
+            return  # answered (or being answered) already: the rest is ignored
+        self.buffer += data
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buffer) > _MAX_REQUEST_BYTES:
+                self.close()
+            return
+        self.timer.cancel()
+        self.timer = None
+        head = bytes(self.buffer[: end + 4])
+        self.buffer.clear()
+        self.transport.pause_reading()
+        response, later = self.server.answer_now(head)
+        if later is None:
+            self.send(response)
+            self.close()
+            return
+        method = head.split(b" ", 1)[0].decode("latin-1")
+        task = asyncio.get_running_loop().create_task(self.server.answer_later(self, method, later))
+        self.server._handlers.add(task)
+        task.add_done_callback(self.server._handlers.discard)
+
+    def send(self, data: bytes) -> None:
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.transport is not None:
+            self.transport.close()  # after what was written is sent
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.server._open.discard(self)
+
+
+def _response(method: str, answer: Answer) -> bytes:
+    status, ctype, body = answer
+    auth_header = "WWW-Authenticate: Bearer\r\n" if status == 401 else ""
+    head = (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: {ctype}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n{auth_header}\r\n"
+    ).encode()
+    return head if method == "HEAD" else head + body
 
 
 def _settle(future: asyncio.Future[int], port: int | None, exc: BaseException | None) -> None:
