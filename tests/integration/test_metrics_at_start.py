@@ -21,6 +21,13 @@ LABELLED_AT_ZERO = {
     "bridge_sink_failures": {("reason",): {("ack_timeout",), ("handshake_timeout",)}},
     "bridge_unauthorized_requests": {("surface",): {("http",), ("subscribe",)}},
     "bridge_connections": {("transport",): {("ws",), ("grpc",)}},
+    "bridge_sink_marks_queries": {("result",): {("answered",), ("timeout",), ("failed",)}},
+    "bridge_sink_marks_skipped": {
+        ("reason",): {("cached",), ("in_flight",), ("rate",), ("stalled",)}
+    },
+    "bridge_session_challenges": {
+        ("result",): {("alive",), ("dead",), ("skipped",), ("unchecked",)}
+    },
 }
 
 
