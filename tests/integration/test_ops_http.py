@@ -28,12 +28,23 @@ async def test_metrics_health_ready_and_debug() -> None:
         ):
             assert name in body, name
         assert (await http_get(port, "/healthz"))[0] == 200
-        assert (await http_get(port, "/readyz"))[0] == 200
+        assert await _answers(port, "/readyz", 200)
         status, body = await http_get(port, "/debug/resources")
         assert status == 200 and json.loads(body)["workers"] == 2
         assert (await http_get(port, "/nope"))[0] == 404
         bridge.ready = False
-        assert (await http_get(port, "/readyz"))[0] == 503
+        assert await _answers(port, "/readyz", 503)  # within one beat (BEAT_SECONDS)
+
+
+async def _answers(port: int, path: str, status: int, seconds: float = 1.0) -> bool:
+    """``path`` answers ``status`` within ``seconds``: the probe child reads readiness from the
+    shared block, which the bridge's loop refreshes every ``BEAT_SECONDS`` (0.1 s)."""
+    deadline = time.monotonic() + seconds
+    while (await http_get(port, path))[0] != status:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 def _get_from_a_thread(port: int, path: str, out: list[tuple[int, float]], delay: float) -> None:
