@@ -31,11 +31,7 @@ FULL = os.environ.get("SIMBRIDGE_E2E_FULL") == "1"
 #: cases sit near their bounds (an OOM at 0.94-0.99 of the limit, a stall near 2 s, /healthz near
 #: 100 ms), so a quiet run may pass and shows as XPASS. Never in the full set: there every case
 #: must pass.
-FAILING_TODAY: dict[str, str] = {
-    "ignore-pause": "/healthz: 1 probe of 165 at 108 ms (p99 34 ms, target 100) at 400m on "
-    "5227c63, AMD EPYC, 2 vCPUs shared with other work; passed at 256m, 768m and 1g in the same "
-    "session (anon 0.76-0.88 of the limit since 8590b51 and 63b87b9)",
-}
+FAILING_TODAY: dict[str, str] = {}
 
 
 def _params() -> list[object]:
