@@ -229,8 +229,10 @@ class Governor:
         return self.admissible_bytes // max(1, streams)
 
     def never_fits(self, nbytes: int) -> bool:
-        """True when a request of ``nbytes`` cannot be granted at the current budget."""
-        return nbytes > self.admissible_bytes
+        """True when a request of ``nbytes`` cannot be granted at the current budget (asked
+        once per frame: :attr:`admissible_bytes` without its two property calls)."""
+        room = self.budget_bytes - self.reserve_bytes - self.pinned_bytes
+        return nbytes > (room if room > 0 else 0)
 
     def set_budget(self, budget_bytes: int, reserve_bytes: int = 0) -> None:
         """Change the budget live. A fall takes effect at once for new grants; what is already
@@ -466,16 +468,18 @@ class Governor:
         self.live_charges -= 1
         if self._owned is not None:
             self._disown(charge)
-        self._pump()
+        if self._waiters:
+            self._pump()
 
     def _resize(self, charge: Charge, nbytes: int) -> None:
-        _check_size(nbytes)
+        if nbytes < 0:
+            _check_size(nbytes)
         if charge.released:
             self._spent(charge, "resize")
         delta = nbytes - charge.nbytes
         charge.nbytes = nbytes
         self._add(charge, delta)
-        if delta < 0:
+        if delta < 0 and self._waiters:
             self._pump()
 
     def _move(self, charge: Charge, component: Component) -> None:

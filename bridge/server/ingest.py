@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import time
@@ -30,6 +31,7 @@ from bridge.protocol.errors import (
     Unauthenticated,
 )
 from bridge.server import challenge
+from bridge.server.acks import AckPacer
 from bridge.server.admission import Admission
 from bridge.server.chunkwarden import ChunkWarden
 from bridge.server.governor import Charge, Governor
@@ -178,8 +180,8 @@ class EdgeConnection:
         self.header_token = header_token
         self.peer_names = peer_names  # the client certificate's CN and SANs (mTLS)
         self.session: Session | None = None
-        self._acks_due = asyncio.Event()
-        self._acks_urgent = asyncio.Event()
+        self._acks = AckPacer(config.ack_interval_seconds, config.ack_accepted_delay_seconds)
+        self.wake_acks = self._acks.wake  # the core's (twice a frame): no call of ours between
         self._send_lock = asyncio.Lock()
         self._task: asyncio.Task[Any] | None = None
         self._superseded = False
@@ -197,11 +199,6 @@ class EdgeConnection:
         self._admission: Admission | None = (
             None  # offers and flow control (bridge.server.admission)
         )
-
-    def wake_acks(self, *, urgent: bool) -> None:
-        self._acks_due.set()
-        if urgent:
-            self._acks_urgent.set()
 
     async def send(self, msg: pb.BridgeMessage) -> None:
         async with self._send_lock:
@@ -258,7 +255,10 @@ class EdgeConnection:
                 len(welcome.streams),
                 welcome.resumed,
             )
-            ack_task = asyncio.create_task(self._ack_writer(), name="ack-writer")
+            ack_task = asyncio.create_task(
+                self._acks.run(functools.partial(core.take_acks, self.session), self.send),
+                name="ack-writer",
+            )
             ack_task.add_done_callback(log_task_failure(log, "ack writer"))
             self._warden = ChunkWarden(
                 self._uplink.chunks,
@@ -450,19 +450,19 @@ class EdgeConnection:
         """Each frame of a batch as if it came alone, in order: its own slice of the message's
         charge, its own refusal. A fatal refusal is raised (the rest of ``charge`` goes back
         with the caller's block first)."""
-        limits, last = self._config.limits, len(spans) - 1
+        limits, last, edges = self._config.limits, len(spans) - 1, self._edges
         assert self._uplink is not None and self._decoder is not None
+        decode, prepare, admit = codec.decode_frame, self._uplink.prepare, self._decoder.admit
         for index, (start, end) in enumerate(spans):
             frame: pb.Frame | None = None
             part = charge if index == last else charge.split(min(end - start, charge.nbytes))
             try:
                 with part:
-                    frame = codec.decode_frame(data, start, end, limits)
-                    if self._edges.draining:
+                    frame = decode(data, start, end, limits)
+                    if edges.draining:
                         continue
-                    encoded = self._uplink.offload(frame)
-                    size = end - start if encoded else self._uplink.decode(frame, end - start, part)
-                    await self._decoder.admit(frame, size, part, encoded=encoded)
+                    size, encoded = prepare(frame, end - start, part)
+                    await admit(frame, size, part, encoded=encoded)
             except ProtocolError as exc:
                 if exc.fatal:
                     raise
@@ -512,27 +512,6 @@ class EdgeConnection:
                 fatal=fatal,
             )
         )
-
-    async def _ack_writer(self) -> None:
-        """Coalesce acks: at most one per ``ack_interval_seconds``; an accepted-only change waits
-        up to ``ack_accepted_delay_seconds`` for a delivered one to share the message (halves
-        the acks on a busy connection, where each frame would otherwise be acked twice)."""
-        assert self.session is not None
-        config = self._config
-        interval = config.ack_interval_seconds
-        while True:
-            await self._acks_due.wait()
-            if not self._acks_urgent.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._acks_urgent.wait(), config.ack_accepted_delay_seconds
-                    )
-            self._acks_due.clear()
-            self._acks_urgent.clear()
-            ack = self._core.take_acks(self.session)
-            if ack is not None:
-                await self.send(pb.BridgeMessage(ack=ack))
-            await asyncio.sleep(interval)
 
     def _report_chunk_refusals(self, refusals: list[ProtocolError]) -> None:
         """Count them now; send them from a task of their own (bounded queue)."""

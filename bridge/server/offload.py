@@ -44,21 +44,28 @@ class OffLoopDecoder:
         self._pending: tuple[str, asyncio.Task[None], Charge] | None = None
         self._dropped: list[tuple[str, asyncio.Task[None], Charge]] = []
 
-    async def admit(
+    def admit(
         self,
         frame: pb.Frame,
         size: int,
         charge: Charge,
         points: memoryview | None = None,
         encoded: bool = False,
+    ) -> Awaitable[None]:
+        """Admit ``frame`` (its ``charge`` is transferred on, or released there) when awaited;
+        when ``encoded``, decode it in a thread first and return at once, leaving the admission
+        in flight (``charge`` transferred to that task). The common case (nothing in flight,
+        nothing to decode) is admission's own coroutine, whose block holds the charge from its
+        first step: no coroutine of ours per frame. Await the result at once."""
+        if self._pending is None and not encoded:
+            return self._admit(frame, size, charge, points)
+        return self._ordered(frame, size, charge, points, encoded)
+
+    async def _ordered(
+        self, frame: pb.Frame, size: int, charge: Charge, points: memoryview | None, encoded: bool
     ) -> None:
-        """Admit ``frame`` (its ``charge`` is transferred on, or released here); when
-        ``encoded``, decode it in a thread first and return at once, leaving the admission in
-        flight (``charge`` transferred to that task)."""
+        """:meth:`admit` behind the frame in flight, or a decode put in flight."""
         pending = self._pending
-        if pending is None and not encoded:  # the common case: admission holds it from here
-            await self._admit(frame, size, charge, points)
-            return
         with charge:
             if pending is not None and (encoded or pending[0] == frame.stream_id):
                 await self.settle()
@@ -113,7 +120,7 @@ class OffLoopDecoder:
         decoded frame; its size."""
         uplink = self._uplink
         plan = uplink.plan(frame, admitted=True)
-        assert plan is not None  # only frames Uplink.offload chose come here
+        assert plan is not None  # only frames Uplink.prepare left to us come here
         if not await _grow(charge, plan.peak_bytes):
             # Counted like a failed decode: an edge that keeps sending clouds whose decode can
             # never be granted makes us read, parse and refuse each one (in the container, a

@@ -156,10 +156,10 @@ class Uplink:
         ``charge`` released); a decode too large to run inline is left for the caller. A fatal
         refusal (``DecodeBudgetSpent``) is raised, with ``charge`` released."""
         try:
-            if self.offload(frame):
+            size, encoded = self.prepare(frame, size, charge)
+            if encoded:
                 ready.frame, ready.size, ready.charge, ready.encoded = frame, size, charge, True
                 return ready
-            size = self.decode(frame, size, charge)
         except ProtocolError as exc:
             charge.release()
             if exc.fatal:
@@ -187,28 +187,27 @@ class Uplink:
             exc.frame = pb.Frame(stream_id=frame.stream_id, seq=frame.seq)
             raise
 
-    def offload(self, frame: pb.Frame) -> bool:
-        """Whether ``frame`` holds an encoded cloud whose decode is too large for the event
-        loop (by its declared peak, :data:`INLINE_DECODE_BYTES`). Raises the refusals of
-        :meth:`plan`."""
-        plan = self.plan(frame)
-        return plan is not None and plan.peak_bytes > INLINE_DECODE_BYTES
-
-    def decode(self, frame: pb.Frame, size: int, charge: Charge) -> int:
-        """Decode ``frame``'s cloud in place (inline: its declared peak is small) when its
-        stream has a codec; return the bytes it now holds, which ``charge`` is resized to. The
-        peak is charged before decoding. A refusal (``ProtocolError`` naming the frame) leaves
-        ``charge`` to the caller."""
+    def prepare(self, frame: pb.Frame, size: int, charge: Charge) -> tuple[int, bool]:
+        """The frame's cloud decoded in place when its stream has a codec and the decode's
+        declared peak is small (:data:`INLINE_DECODE_BYTES`: charged to ``charge`` first, which
+        then shrinks to the decoded frame); (the frame's size now, True when the decode is too
+        large for the event loop and left to the caller). A stream without a codec costs one
+        lookup: every frame of a batch comes here. A refusal (``ProtocolError`` naming the
+        frame; :meth:`plan`'s, or the decode's) leaves ``charge`` to the caller."""
+        if frame.stream_id not in self.codecs:
+            return size, False
         plan = self.plan(frame)
         if plan is None:
-            return size
+            return size, False
+        if plan.peak_bytes > INLINE_DECODE_BYTES:
+            return size, True
         charge.resize(charge.nbytes + plan.peak_bytes)  # bounded by INLINE_DECODE_BYTES
         try:
             counts = self.decode_data(frame, plan)
         except ProtocolError:
             self.refusals.refused(plan.decoded_bytes)
             raise
-        return self.settle(size, *counts, charge)
+        return self.settle(size, *counts, charge), False
 
     def decode_data(self, frame: pb.Frame, plan: compress.Declared) -> tuple[int, int]:
         """Decode ``frame``'s cloud in place as ``plan`` (from :meth:`plan`) declared; (encoded,
