@@ -104,6 +104,8 @@ class EdgeRegistry:
 
     # -- core notifications (EdgeEvents) --------------------------------------------------
     def on_space(self, stream: Stream) -> None:
+        if not self._space:  # nobody waits for room (twice a frame): no lookup that misses
+            return
         event = self._space.get(stream.key)
         if event is not None:
             event.set()
