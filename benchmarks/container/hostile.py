@@ -334,7 +334,7 @@ def checks(rig: HostileRig) -> list[report.Check]:
             f"max {hz * 1000:.0f} ms over {probes} probes (p50 {_healthz_q(rig, 0.5):.0f}, p99 "
             f"{_healthz_q(rig, 0.99):.0f} ms), {failed} failed (target "
             f"{HEALTHZ_TARGET_S * 1000:.0f} ms, asserted {HEALTHZ_BOUND_S * 1000:.0f} ms)"
-            + _host_busy_note(rig, busy_share),
+            + _host_busy_note(busy, busy_share),
         ),
     ]
     if rig.case.shrink:
@@ -386,8 +386,7 @@ def _host_busy(rig: HostileRig) -> list[tuple[float, float]]:
     return rig.health.host_busy(*_probe_window(rig), HOST_BUSY_S)
 
 
-def _host_busy_note(rig: HostileRig, share: float) -> str:
-    busy = _host_busy(rig)
+def _host_busy_note(busy: list[tuple[float, float]], share: float) -> str:
     if not busy:
         return f"; the control server never took over {HOST_BUSY_S * 1000:.0f} ms"
     worst = max(busy)

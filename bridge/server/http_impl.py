@@ -225,10 +225,6 @@ class OpsHttpServer:
                 ready=bool(self.is_ready()),
             )
 
-    def loop_alive(self) -> bool:
-        """The bridge's event loop turned within ``loop_stall_seconds`` (any thread)."""
-        return time.monotonic() - self._last_beat <= self.loop_stall_seconds
-
     # -- routing ---------------------------------------------------------------------------------
     def needs_token(self, path: str) -> bool:
         if not self.token:

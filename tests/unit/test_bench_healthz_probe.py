@@ -7,51 +7,57 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from benchmarks.container.probe import HealthProbe
 
-SERVER = r"""
-import socket, sys
-srv = socket.create_server(("127.0.0.1", 0))
-print(srv.getsockname()[1], flush=True)
-while True:
-    conn, _ = srv.accept()
-    with conn:
-        conn.recv(1024)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
-"""
-PAUSE = "conn.recv(1024); __import__('time').sleep({})"  # a server that answers this late
-SLOW_SERVER = SERVER.replace("conn.recv(1024)", PAUSE.format(0.15))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def slow_server(delay_s: float) -> Iterator[int]:
+    """The rig's own trivial server (``benchmarks.container.null_http``), answering ``delay_s``
+    late, in a process of its own; its port."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.container.null_http", str(delay_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert server.stdout is not None
+        yield int(server.stdout.readline())
+    finally:
+        server.kill()
+        server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
+
+
+def probing(probe: HealthProbe, rounds: int) -> None:
+    """Until ``probe`` has ``rounds`` results (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while len(probe.results) < rounds and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def test_a_harness_holding_its_gil_does_not_slow_the_probes() -> None:
     """A probe is in flight (the server takes 50 ms) when the harness enters a long C call that
     holds its GIL: measured in a harness thread, that probe's answer waited for the GIL and read
     as the hold's length; measured in the probe's own process it reads 50 ms."""
-    server = subprocess.Popen(
-        [sys.executable, "-c", SERVER.replace("conn.recv(1024)", PAUSE.format(0.05))],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        probe = HealthProbe(int(server.stdout.readline()), period_s=0.01)
+    with slow_server(0.05) as port:
+        probe = HealthProbe(port, period_s=0.01)
         probe.start()
         try:
-            deadline = time.monotonic() + 10
-            while len(probe.results) < 3 and time.monotonic() < deadline:
-                time.sleep(0.01)
+            probing(probe, 3)
             held_from = time.monotonic()
             sum(range(40_000_000))  # one C call: this process's GIL is held throughout
             held_s = time.monotonic() - held_from
             time.sleep(0.3)
         finally:
             probe.stop()
-    finally:
-        server.kill()
-        server.wait()
-        if server.stdout is not None:
-            server.stdout.close()
     assert held_s > 0.2, f"the hold was too short to tell ({held_s:.2f} s)"
     overlapping = [
         lat for t, lat, _ in probe.results if t <= held_from + held_s and t + lat >= held_from
@@ -64,24 +70,13 @@ def test_a_harness_holding_its_gil_does_not_slow_the_probes() -> None:
 def test_a_slow_bridge_is_measured_and_the_control_stays_fast() -> None:
     """Each round probes the bridge and a trivial control server at once: a bridge that takes
     150 ms shows 150 ms, the control (its own process) a few ms, so nothing is set apart."""
-    server = subprocess.Popen(
-        [sys.executable, "-c", SLOW_SERVER], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert server.stdout is not None
-        probe = HealthProbe(int(server.stdout.readline()), period_s=0.05)
+    with slow_server(0.15) as port:
+        probe = HealthProbe(port, period_s=0.05)
         probe.start()
         try:
-            deadline = time.monotonic() + 10
-            while len(probe.results) < 4 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            probing(probe, 4)
         finally:
             probe.stop()
-    finally:
-        server.kill()
-        server.wait()
-        if server.stdout is not None:
-            server.stdout.close()
     assert len(probe.control) == len(probe.results) >= 4
     assert min(lat for _, lat, _ in probe.results) >= 0.15
     assert max(probe.control) < 0.15
