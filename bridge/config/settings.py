@@ -42,6 +42,14 @@ class Settings:
     # ports fails to start instead of silently taking half of the connections (gRPC's own
     # default is on); on only for several ingest processes sharing ports (docs/scaling.md).
     reuse_port: bool = False
+    # Ingest processes in the pod (docs/scaling.md "Processes in a pod"): auto (one per whole
+    # core of the CPU quota, re-planned live on resize), N (exactly N) or max:K (auto, at most K).
+    # 1 runs the bridge as a single process with no supervisor.
+    processes: str = "1"
+    pod_claim_timeout_seconds: float = 3.0  # a Hello waits this long for its device's owner
+    pod_release_timeout_seconds: float = 2.0  # an owner delivers a moving device's frames within
+    pod_restart_backoff_max_seconds: float = 30.0  # a crashed process restarts after 0.5 s, 1 s..
+    pod_crash_loop_restarts: int = 5  # this many crashes within 60 s: not ready until one holds
     # Limits
     max_frame_bytes: int = 16 * MiB
     max_points: int = 4_000_000
@@ -312,6 +320,10 @@ def validate(s: Settings) -> list[str]:
         problems.append("grpc_window_bytes: must be between 16384 (16 KiB) and 64 MiB")
     if s.chunk_stall_seconds < s.chunk_max_age_seconds:
         problems.append("chunk_stall_seconds: must be >= chunk_max_age_seconds")
+    if not re.fullmatch(r"auto|max:[1-9][0-9]*|[1-9][0-9]*", s.processes.strip().lower()):
+        problems.append(f"processes: expected auto, N or max:K (N, K >= 1), got {s.processes!r}")
+    if s.pod_crash_loop_restarts < 1:
+        problems.append("pod_crash_loop_restarts: must be >= 1")
     if s.max_cloud_fields < 3:
         problems.append("max_cloud_fields: must be >= 3 (x, y and z)")
     if s.sink_backoff_initial_seconds > s.sink_backoff_max_seconds:

@@ -15,6 +15,14 @@ HELP: dict[str, str] = {
     "http_port": "HTTP port: /metrics, /healthz, /readyz, /debug/resources; 0 picks a free port",
     "reuse_port": "let several processes bind the same WebSocket and gRPC ports (SO_REUSEPORT; "
     "off: a port in use is a startup error, for gRPC too)",
+    "processes": "ingest processes: auto (one per whole core of the CPU quota, re-planned live), "
+    "N, or max:K; 1 = a single process, no supervisor",
+    "pod_claim_timeout_seconds": "a Hello waits at most this long for the process owning its "
+    "device to let it go",
+    "pod_release_timeout_seconds": "a process letting a device go delivers that device's "
+    "buffered frames within this, then drops the rest (the edge resends them)",
+    "pod_restart_backoff_max_seconds": "longest wait before a crashed ingest process restarts",
+    "pod_crash_loop_restarts": "crashes within 60 s that mark the pod not ready",
     "max_frame_bytes": "largest message accepted on either transport, in bytes",
     "max_points": "most points in one cloud",
     "max_streams_per_session": "most streams one edge may declare in its Hello",
