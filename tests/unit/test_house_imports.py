@@ -171,6 +171,8 @@ LAYERS_MAY_IMPORT: dict[str, set[str]] = {
     "view": {"protocol", "v1", "client", "logs"},
     "resources": {"protocol", "config"},
     "server": {"protocol", "config", "decimate", "resources", "v1", "logs"},
+    # The supervisor: light (its memory counts against the pod's limit), so no data plane.
+    "pod": {"protocol", "config", "resources", "logs"},
     "cli": set(),  # starts every product: may import any layer
 }
 
