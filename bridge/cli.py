@@ -24,6 +24,7 @@ from collections.abc import Callable
 from bridge import logs
 from bridge.config import settings as settings_mod
 from bridge.protocol.errors import BridgeError, ConfigError
+from bridge.protocol.podcontrol import ENV_CONTROL as POD_CONTROL_ENV
 
 log = logging.getLogger("bridge.cli")
 
@@ -47,7 +48,8 @@ def _serve(argv: list[str]) -> int:
             print(f"simbridge: warning: {line}", file=sys.stderr)
         print(f"simbridge: {exc}", file=sys.stderr)
         return 2
-    busy = ports_in_use(settings)
+    pod = settings.processes.strip().lower() != "1" and not os.environ.get(POD_CONTROL_ENV)
+    busy = ports_in_use(settings.replace(reuse_port=False) if pod else settings)
     if busy:
         print(f"simbridge: {busy[0]}", file=sys.stderr)
         return 2
@@ -65,7 +67,15 @@ def _serve(argv: list[str]) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         runner = asyncio.run
     try:
-        ok = runner(_serve_async(settings))
+        if pod:  # the supervisor of several ingest processes (docs/scaling.md)
+            from bridge.pod.run import run_pod
+
+            def pod_line(ws: int, grpc: int, http: int) -> str:
+                return ready_line(ws, grpc, http, settings.log_format)
+
+            ok = runner(run_pod(settings, argv, pod_line))
+        else:
+            ok = runner(_serve_async(settings))
     except BridgeError as exc:
         print(f"simbridge: {exc}", file=sys.stderr)
         return 2
@@ -120,8 +130,10 @@ async def _serve_async(settings: settings_mod.Settings) -> bool:
     await service.start()
     ports = service.ports
     assert ports is not None
-    # One machine-readable line so supervisors (tests, the demo) learn ports chosen with 0.
-    print(ready_line(ports.ws, ports.grpc, ports.http, settings.log_format), flush=True)
+    # One machine-readable line so supervisors (tests, the demo) learn ports chosen with 0. In a
+    # pod the supervisor prints the pod's line once every process is up.
+    if not os.environ.get(POD_CONTROL_ENV):
+        print(ready_line(ports.ws, ports.grpc, ports.http, settings.log_format), flush=True)
     await service.wait_stopped()
     return await service.shutdown()
 

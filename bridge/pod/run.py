@@ -1,0 +1,81 @@
+"""``simbridge serve`` with ``processes`` other than 1: the supervisor's main, with the signals of
+a single bridge (SIGTERM or a first SIGINT drains every process; a second SIGINT exits now)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from bridge.config.settings import Settings
+from bridge.pod.supervisor import Supervisor
+
+log = logging.getLogger("bridge.pod.run")
+READY_TIMEOUT_SECONDS = 120.0
+
+
+async def run_pod(
+    settings: Settings, serve_argv: list[str], ready_line: Callable[[int, int, int], str]
+) -> bool:
+    """Run until SIGTERM; True when every process delivered everything it held."""
+    supervisor = Supervisor(settings, serve_argv)
+    loop = asyncio.get_running_loop()
+    interrupts = 0
+
+    def on_sigint() -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts > 1:
+            log.error("second interrupt: exiting now")
+            os._exit(130)
+        supervisor.request_stop()
+
+    loop.add_signal_handler(signal.SIGTERM, supervisor.request_stop)
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    ops: Any = None
+    try:
+        await supervisor.start()
+        try:
+            ops = await _start_ops(supervisor, settings)
+        except ImportError:  # TEMPORARY until bridge.pod.ops_http lands (same session)
+            log.warning("no ops server yet")
+        waiting = asyncio.ensure_future(supervisor.all_up.wait())
+        stopped = asyncio.ensure_future(supervisor.wait_stopped())
+        await asyncio.wait(
+            {waiting, stopped}, timeout=READY_TIMEOUT_SECONDS, return_when=asyncio.FIRST_COMPLETED
+        )
+        waiting.cancel()
+        if supervisor.all_up.is_set():
+            print(
+                ready_line(supervisor.ws_port, supervisor.grpc_port, supervisor.http_port),
+                flush=True,
+            )
+            log.info(
+                "simbridge pod ready: ws :%d grpc :%d http :%d, %d processes",
+                supervisor.ws_port,
+                supervisor.grpc_port,
+                supervisor.http_port,
+                supervisor.plan.count if supervisor.plan else 0,
+            )
+        elif not stopped.done():
+            log.error(
+                "the planned processes did not all come up within %g s", READY_TIMEOUT_SECONDS
+            )
+        await stopped
+        return await supervisor.shutdown()
+    finally:
+        if ops is not None:
+            await ops.close()
+
+
+async def _start_ops(supervisor: Supervisor, settings: Settings) -> Any:
+    from bridge.pod.ops_http import start_pod_ops
+
+    ops = await start_pod_ops(supervisor, settings)
+    supervisor.http_port = ops.port
+    supervisor.metrics = getattr(ops, "metrics", None)
+    supervisor.control.counter = getattr(ops, "metrics", None)
+    return ops
