@@ -1,1 +1,1 @@
-"""The pod: a supervisor running several ingest processes behind the same ports (docs/scaling.md)."""
+"""The pod: a supervisor running several ingest processes behind one port pair (docs/scaling.md)."""
