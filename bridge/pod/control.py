@@ -27,6 +27,11 @@ from bridge.protocol.podcontrol import KINDS_TO_SUPERVISOR, ControlError, Messag
 log = logging.getLogger("bridge.pod.control")
 
 
+#: How a grant is counted (``bridge_pod_claims_total{result}``): after the owner let the device
+#: go, after it failed to answer in time, or at once (unowned, own, owner gone).
+GRANT_RESULTS = {"released": "released", "owner-timeout": "timeout"}
+
+
 class ClaimCounter(Protocol):
     def claim_result(self, result: str) -> None: ...
 
@@ -162,8 +167,6 @@ class ControlServer:
             )
             self._dispatch(actions)
         elif msg.kind == "released":
-            if self.counter is not None:
-                self.counter.claim_result("released" if msg["ok"] else "kept")
             self._dispatch(
                 self.ownership.released(msg["id"], msg["ok"], msg["reason"], msg["delivered"], now)
             )
@@ -174,9 +177,7 @@ class ControlServer:
         for action in actions:
             if isinstance(action, Grant):
                 if self.counter is not None:
-                    self.counter.claim_result(
-                        "granted" if action.why != "owner-timeout" else "timeout"
-                    )
+                    self.counter.claim_result(GRANT_RESULTS.get(action.why, "granted"))
                 self.send(
                     action.to,
                     "claimed",

@@ -8,10 +8,12 @@ import logging
 import os
 import signal
 from collections.abc import Callable
-from typing import Any
 
 from bridge.config.settings import Settings
+from bridge.pod.ops_http import PodOpsServer
+from bridge.pod.podmetrics import PodMetrics
 from bridge.pod.supervisor import Supervisor
+from bridge.protocol.errors import StartupError
 
 log = logging.getLogger("bridge.pod.run")
 READY_TIMEOUT_SECONDS = 120.0
@@ -35,13 +37,14 @@ async def run_pod(
 
     loop.add_signal_handler(signal.SIGTERM, supervisor.request_stop)
     loop.add_signal_handler(signal.SIGINT, on_sigint)
-    ops: Any = None
+    ops: PodOpsServer | None = None
     try:
-        await supervisor.start()
+        ops = await _start_ops(supervisor, settings)  # first: a busy port starts no process
         try:
-            ops = await _start_ops(supervisor, settings)
-        except ImportError:  # TEMPORARY until bridge.pod.ops_http lands (same session)
-            log.warning("no ops server yet")
+            await supervisor.start()
+        except BaseException:
+            await supervisor.shutdown()  # what started drains again
+            raise
         waiting = asyncio.ensure_future(supervisor.all_up.wait())
         stopped = asyncio.ensure_future(supervisor.wait_stopped())
         await asyncio.wait(
@@ -71,11 +74,29 @@ async def run_pod(
             await ops.close()
 
 
-async def _start_ops(supervisor: Supervisor, settings: Settings) -> Any:
-    from bridge.pod.ops_http import start_pod_ops
-
-    ops = await start_pod_ops(supervisor, settings)
-    supervisor.http_port = ops.port
-    supervisor.metrics = getattr(ops, "metrics", None)
-    supervisor.control.counter = getattr(ops, "metrics", None)
+async def _start_ops(supervisor: Supervisor, settings: Settings) -> PodOpsServer:
+    metrics = PodMetrics()
+    ops = PodOpsServer(
+        supervisor,
+        metrics,
+        token=settings.auth_token,
+        metrics_open=settings.metrics_auth == "open",
+    )
+    try:
+        supervisor.http_port = await ops.start(settings.host, settings.http_port)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot listen on {settings.host}:{settings.http_port} (HTTP): {exc.strerror}"
+        ) from None
+    supervisor.metrics = metrics
+    supervisor.control.counter = _ClaimCounter(metrics)
+    supervisor.publish_metrics()
     return ops
+
+
+class _ClaimCounter:
+    def __init__(self, metrics: PodMetrics) -> None:
+        self.metrics = metrics
+
+    def claim_result(self, result: str) -> None:
+        self.metrics.claims.labels(result).inc()

@@ -36,7 +36,9 @@ from typing import Any
 from bridge.config.settings import Settings
 from bridge.pod.control import ControlServer, Peer
 from bridge.pod.ownership import Ownership
+from bridge.pod.podmetrics import PodMetrics
 from bridge.pod.podplan import PodPlan, plan_pod
+from bridge.pod.ports import WorkerOps
 from bridge.protocol import podcontrol
 from bridge.resources.cgroup import CgroupReader, open_cgroup
 
@@ -96,8 +98,7 @@ class Supervisor:
         self._reservations: list[socket.socket] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._rss_reserved = 0
-        self.ops: Any = None  # the public ops server (bridge.pod.ops_http)
-        self.metrics: Any = None
+        self.metrics: PodMetrics | None = None  # set with the ops port (bridge.pod.run)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -145,7 +146,21 @@ class Supervisor:
             return False, "no ingest process is up"
         return True, f"{up} processes up"
 
-    def workers(self) -> list[dict[str, Any]]:
+    def workers(self) -> list[WorkerOps]:
+        """The slots of the current plan, for the ops port (scraped while alive)."""
+        planned = self.plan.count if self.plan is not None else 0
+        return [
+            WorkerOps(
+                index=w["index"],
+                pid=w["pid"] or 0,
+                ops=w["ops"],
+                alive=w["state"] == "up" and w["ops"] is not None,
+            )
+            for w in self.worker_table()
+            if w["index"] < planned or w["state"] in ("up", "retiring")
+        ]
+
+    def worker_table(self) -> list[dict[str, Any]]:
         out = []
         for slot in sorted(self.slots.values(), key=lambda s: s.index):
             up = slot.peer.up if slot.peer is not None else None
@@ -171,7 +186,7 @@ class Supervisor:
             "owned_devices": len(self.ownership),
             "supervisor_rss_bytes": _rss_bytes(),
             "ports": {"ws": self.ws_port, "grpc": self.grpc_port, "http": self.http_port},
-            "workers": self.workers(),
+            "workers": self.worker_table(),
         }
 
     # -- planning ------------------------------------------------------------------------------
@@ -193,8 +208,6 @@ class Supervisor:
                 plan.share.memory_limit_bytes,
                 "; ".join(f"{k}: {v}" for k, v in plan.processes.reasons.items()),
             )
-            if self.metrics is not None:
-                self.metrics.planned(plan.count)
         self._reconcile()
         return plan
 
@@ -229,7 +242,7 @@ class Supervisor:
             return
         siblings = [
             {"index": w["index"], "grpc_internal": w["grpc_internal"]}
-            for w in self.workers()
+            for w in self.worker_table()
             if w["state"] == "up" and w["grpc_internal"]
         ]
         for slot in self.slots.values():
@@ -256,6 +269,16 @@ class Supervisor:
             ):
                 self.crash_loop = False
                 log.info("crash loop over: a restarted process has held %g s", HOLD_SECONDS)
+            self.publish_metrics()
+
+    def publish_metrics(self) -> None:
+        metrics = self.metrics
+        if metrics is None:
+            return
+        metrics.processes.set(sum(1 for s in self.slots.values() if s.state == "up"))
+        metrics.processes_planned.set(self.plan.count if self.plan is not None else 0)
+        metrics.crash_loop.set(1 if self.crash_loop else 0)
+        metrics.ready.set(1 if self.ready()[0] else 0)
 
     # -- processes -----------------------------------------------------------------------------
     def _start_slot(self, slot: Slot) -> None:
@@ -303,7 +326,7 @@ class Supervisor:
         while slot.crashes and now - slot.crashes[0] > CRASH_WINDOW_SECONDS:
             slot.crashes.popleft()
         if self.metrics is not None:
-            self.metrics.restarted()
+            self.metrics.restarts.inc()
         if len(slot.crashes) >= self.settings.pod_crash_loop_restarts and not self.crash_loop:
             self.crash_loop = True
             log.error(
