@@ -11,6 +11,7 @@ limit cannot hold (its baseline, its headroom and the smallest budget) is never 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,21 @@ class PodPlan:
         }
 
 
+def _first_process(plan: ProcessPlan, limit: int, reserve: int, cpus: int) -> ProcessPlan:
+    """The first process runs whenever its interpreter fits, at the smallest data budget, as a
+    single bridge does under a small limit (frames that can never fit are refused, and the
+    edges are told ``max_frame_bytes``); only the extra ones need a whole ``per_process``."""
+    if limit < reserve + DEFAULT_PER_PROCESS_BYTES:
+        return plan
+    reasons = dict(plan.reasons)
+    reasons["processes"] = (
+        f"1: the limit holds the supervisor and one process at the smallest data budget, no "
+        f"more ({reasons.get('memory', '')})"
+    )
+    workers = max(1, min(cpus, math.ceil(plan.cores - 1e-9)))
+    return ProcessPlan(1, workers, plan.cores, 1, reasons)
+
+
 def plan_pod(
     settings: Settings,
     cpu_quota_cores: float | None,
@@ -84,6 +100,8 @@ def plan_pod(
         per_process_bytes=per_process,
         setting=settings.processes,
     )
+    if plan.refused and memory_limit_bytes is not None:
+        plan = _first_process(plan, memory_limit_bytes, reserve, affinity_cpus)
     n = plan.processes
     memory_share = (
         None if memory_limit_bytes is None or n == 0 else (memory_limit_bytes - reserve) // n

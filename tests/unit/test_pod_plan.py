@@ -32,7 +32,15 @@ def test_a_resize_that_needs_more_processes_than_the_memory_holds_is_cut_and_say
     assert plan.share.memory_limit_bytes >= need  # each one gets at least what it needs
 
 
-def test_a_limit_that_cannot_hold_one_process_is_refused() -> None:
+def test_a_small_limit_still_runs_one_process_at_the_smallest_budget() -> None:
+    """As a single bridge does at 256 MiB: only the extra processes need a whole share."""
+    plan = plan_pod(Settings(processes="auto"), 2.0, 2, 256 * MiB, SUPERVISOR)
+    assert plan.count == 1 and plan.share.workers == 2
+    assert plan.share.memory_limit_bytes == 256 * MiB - plan.reserve_bytes
+    assert "smallest data budget" in plan.processes.reasons["processes"]
+
+
+def test_a_limit_that_cannot_hold_one_interpreter_is_refused() -> None:
     plan = plan_pod(Settings(processes="auto"), 2.0, 2, 128 * MiB, SUPERVISOR)
     assert plan.count == 0 and plan.processes.refused
     assert plan.share.memory_limit_bytes is None
