@@ -106,6 +106,12 @@ def format_sink_report(rep: dict[str, Any]) -> str:
         f"gap {s['gap_frames']} watermark {s['watermark']}"
         for name, s in rep["streams"].items()
     ]
+    lines += [
+        f"  bridge {b['bridge_id'] or '(unnamed)'}: acked bridge_seq {b['acked_bridge_seq']}, "
+        f"frames {b['frames_received']}, push streams {b['push_streams']}"
+        + (" (connected)" if b["connected"] else "")
+        for b in rep.get("server", {}).get("bridges", ())
+    ]
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 
 from bridge.protocol.batches import frames_of
+from bridge.protocol.sinkbridges import BridgeTable, bridge_named
 from bridge.protocol.sinkstream import serve_push
 from bridge.server.session import ROUTING_HEADER
 from bridge.v1 import bridge_pb2 as pb
@@ -137,6 +138,7 @@ class SinkServer:
         self.active_push_streams = 0
         self.acks_sent = 0
         self.batches = 0
+        self.bridges = BridgeTable()  # per bridge: bridge_seq is a sequence per bridge process
 
     @property
     def address(self) -> str:
@@ -190,6 +192,8 @@ class SinkServer:
             "batches": self.batches,
             "acks_sent": self.acks_sent,
             "replayed_records": self.replayed,
+            "bridges": self.bridges.report(time.monotonic()),
+            "untracked_streams": self.bridges.untracked_streams,
         }
         return rep
 
@@ -201,22 +205,33 @@ class SinkServer:
     async def _push(self, requests: AsyncIterator[pb.ProcessedFrame], context: Any) -> None:
         self.push_streams += 1
         self.active_push_streams += 1
+        device = routed_device(context)
+        bridges = self.bridges
+        ticket = bridges.opened(
+            bridge_named(context.invocation_metadata()), time.monotonic(), query=device is not None
+        )
 
-        def acked(_high: int) -> None:
+        def acked(high: int) -> None:
             self.acks_sent += 1
+            bridges.acked(ticket, high, time.monotonic())
+
+        async def record(batch: list[tuple[pb.ProcessedFrame, int]]) -> int:
+            bridges.received(ticket, len(batch), time.monotonic())
+            return await self._record_batch(batch)
 
         try:
             await serve_push(
                 requests,
                 context.write,
-                self._watermark_ack(routed_device(context) or ""),
-                self._record_batch,
+                self._watermark_ack(device or ""),
+                record,
                 batch_frames=self.ack_batch_frames,
                 clock_ns=self._clock,
                 on_ack=acked,
             )
         finally:
             self.active_push_streams -= 1
+            bridges.closed(ticket, time.monotonic())
 
     def _watermark_ack(self, device_id: str = "") -> pb.SinkAck:
         """Every watermark; only ``device_id``'s when a bridge asks for one device's (the

@@ -68,6 +68,7 @@ class Settings:
     passthrough: bool = False
     # Egress
     sink_address: str = ""  # host:port of a VisualizationSink; empty = no sink (auto-ack)
+    bridge_id: str = ""  # names this bridge on its push streams; empty = Pod name or host-pid
     sink_backoff_initial_seconds: float = 0.1
     sink_backoff_max_seconds: float = 5.0
     sink_handshake_timeout_seconds: float = 5.0
@@ -326,6 +327,8 @@ def validate(s: Settings) -> list[str]:
         problems.append("pod_crash_loop_restarts: must be >= 1")
     if s.max_cloud_fields < 3:
         problems.append("max_cloud_fields: must be >= 3 (x, y and z)")
+    if s.bridge_id and not re.fullmatch(r"[!-~]{1,128}", s.bridge_id):
+        problems.append("bridge_id: 1-128 printable ASCII characters, no spaces")
     if s.sink_backoff_initial_seconds > s.sink_backoff_max_seconds:
         problems.append("sink_backoff_initial_seconds: must be <= sink_backoff_max_seconds")
     problems += _tls_problems(s)

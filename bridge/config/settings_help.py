@@ -41,6 +41,8 @@ HELP: dict[str, str] = {
     "passthrough": "do not decimate: relay clouds as received",
     "sink_address": "host:port of the VisualizationSink to push to (empty = no sink; frames count "
     "as delivered once offered to subscribers)",
+    "bridge_id": "this bridge's name on its push streams (metadata x-simbridge-bridge), so a "
+    "sink tells replicas' bridge_seq apart; empty = the Pod name, else hostname-pid",
     "sink_backoff_initial_seconds": "first reconnect delay to the sink",
     "sink_backoff_max_seconds": "longest reconnect delay to the sink (exponential, with jitter)",
     "sink_handshake_timeout_seconds": "how long the sink has to send its watermarks on a new "

@@ -14,6 +14,10 @@ Liveness: a sink can go silent without a TCP reset (a partition, a hung process)
 keepalive pings notice a dead connection; an ack deadline notices a live connection whose sink
 stopped acknowledging: frames in flight with no ack progress for ``sink_ack_timeout_seconds``
 end the stream, and the next one replays them.
+
+Identity: every stream the bridge opens names it (``x-simbridge-bridge`` metadata, see
+:func:`bridge_identity`): with replicas one sink serves several bridges, and ``bridge_seq`` is
+one sequence per bridge process (protocol.md §10). A sink that ignores the metadata is unaffected.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -31,6 +37,7 @@ import grpc
 
 from bridge.config.settings import Settings
 from bridge.protocol import wire
+from bridge.protocol.sinkbridges import BRIDGE_HEADER, MAX_NAME_CHARS
 from bridge.resources.from_settings import PUSH_COPIES
 from bridge.server.governor import Component, Governor
 from bridge.server.metrics import BridgeMetrics
@@ -50,6 +57,14 @@ _IN_BATCH_KEY = wire.field_key(pb.ProcessedFrameBatch.DESCRIPTOR, "frames")
 MARKS_TIMEOUT_SECONDS = 0.5
 
 Marks = list[tuple[StreamKey, int]]
+
+
+def bridge_identity(settings: Settings) -> str:
+    """The name this bridge gives its push streams: ``bridge_id`` when set (a pod's supervisor
+    sets one per process), else the Pod name (downward API), else ``hostname-pid``."""
+    name = settings.bridge_id or settings.pod_name or f"{socket.gethostname()}-{os.getpid()}"
+    printable = "".join(c if "!" <= c <= "~" else "_" for c in name)  # a gRPC metadata value
+    return printable[:MAX_NAME_CHARS] or "bridge"
 
 
 @dataclass(frozen=True)
@@ -168,6 +183,7 @@ class SinkPusher:
         self.settings = settings
         self.metrics = metrics
         self.address = settings.sink_address
+        self.bridge_id = bridge_identity(settings)
         self._wake = asyncio.Event()
         self._connected = asyncio.Event()
         self._highest_sent = 0  # bridge_seq of the last frame written on this stream
@@ -251,7 +267,12 @@ class SinkPusher:
         self._waiting_since = None
         self._connected.set()
         self.metrics.sink_connected.set(1)
-        log.info("sink %s connected (%d watermarks)", self.address, len(first.watermarks))
+        log.info(
+            "sink %s connected as bridge %s (%d watermarks)",
+            self.address,
+            self.bridge_id,
+            len(first.watermarks),
+        )
         tasks = [
             asyncio.create_task(self._send_loop(call), name="sink-send"),
             asyncio.create_task(self._read_acks(call), name="sink-acks"),
@@ -306,7 +327,8 @@ class SinkPusher:
         push = channel.stream_stream(
             method, request_serializer=None, response_deserializer=pb.SinkAck.FromString
         )
-        call = push(metadata=((ROUTING_HEADER, device_id),), wait_for_ready=False)
+        metadata = ((ROUTING_HEADER, device_id), (BRIDGE_HEADER, self.bridge_id))
+        call = push(metadata=metadata, wait_for_ready=False)
         try:
             first = await asyncio.wait_for(call.read(), MARKS_TIMEOUT_SECONDS)
         finally:
@@ -331,7 +353,7 @@ class SinkPusher:
         push = channel.stream_stream(
             method, request_serializer=None, response_deserializer=pb.SinkAck.FromString
         )
-        call = push(wait_for_ready=False)
+        call = push(metadata=((BRIDGE_HEADER, self.bridge_id),), wait_for_ready=False)
         handshake = self.settings.sink_handshake_timeout_seconds
         try:
             return call, await asyncio.wait_for(call.read(), handshake)

@@ -10,6 +10,9 @@ Batching: a reader task queues incoming frames; the writer takes what is queued 
 ``ack_batch_frames``), records it as one MCAP chunk, acknowledges, and only then offers the new
 frames to the viewers (:mod:`bridge.view.fanout`), which never block. The bounded queue turns a
 slow disk into HTTP/2 backpressure on the bridge instead of memory here.
+
+Per bridge: with replicas several bridges push here at once, each with its own ``bridge_seq``;
+status reports each by the name its streams carry (:mod:`bridge.protocol.sinkbridges`).
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import grpc
 
+from bridge.client.transport import ROUTING_HEADER
 from bridge.protocol.batches import frames_of
+from bridge.protocol.sinkbridges import BridgeTable, bridge_named
 from bridge.protocol.sinkstream import serve_push
 from bridge.v1 import bridge_pb2 as pb
 from bridge.v1 import bridge_pb2_grpc
@@ -34,6 +39,7 @@ from bridge.view.stats import ViewStats
 log = logging.getLogger("bridge.view.push")
 
 Watermarks = list[tuple[str, str, int]]
+Metadata = Iterable[tuple[str, str | bytes]]
 
 
 class Recorder(Protocol):
@@ -74,7 +80,7 @@ class PushSink:
         self.push_streams = 0
         self.active_push_streams = 0
         self.acks_sent = 0
-        self.acked_bridge_seq = 0
+        self.bridges = BridgeTable()
         self.frames_recorded = 0
         self.last_frame_at = 0.0
 
@@ -85,7 +91,9 @@ class PushSink:
             "push_streams": self.push_streams,
             "active_push_streams": self.active_push_streams,
             "acks_sent": self.acks_sent,
-            "acked_bridge_seq": self.acked_bridge_seq,
+            # one entry per bridge: bridge_seq is a sequence per bridge, never compared across
+            "bridges": self.bridges.report(self._monotonic()),
+            "untracked_streams": self.bridges.untracked_streams,
             "frames_recorded": self.frames_recorded,
             "duplicates": self.ledger.duplicates,
             "seconds_since_last_frame": None if idle is None else round(idle, 3),
@@ -104,27 +112,41 @@ class PushSink:
         self,
         requests: AsyncIterator[pb.ProcessedFrame],
         write_ack: Callable[[pb.SinkAck], Awaitable[None]],
+        metadata: Metadata = (),
     ) -> None:
-        """Serve one Push stream until the bridge ends it."""
+        """Serve one Push stream until the bridge ends it; ``metadata`` names its bridge."""
+        metadata = list(metadata)
+        bridge = bridge_named(metadata)
+        query = any(key == ROUTING_HEADER for key, _ in metadata)  # a watermark query
+        ticket = self.bridges.opened(bridge, self._monotonic(), query=query)
+        if not query:
+            log.info("push stream from bridge %s opened", bridge or "(unnamed)")
         self.push_streams += 1
         self.active_push_streams += 1
 
         def acked(high: int) -> None:
             self.acks_sent += 1
-            self.acked_bridge_seq = max(self.acked_bridge_seq, high)
+            self.bridges.acked(ticket, high, self._monotonic())
+
+        async def record(batch: list[tuple[pb.ProcessedFrame, int]]) -> int:
+            self.bridges.received(ticket, len(batch), self._monotonic())
+            return await self._record(batch)
 
         try:
             await serve_push(
                 requests,
                 write_ack,
                 self.watermark_ack(),
-                self._record,
+                record,
                 batch_frames=self.ack_batch_frames,
                 clock_ns=self._clock_ns,
                 on_ack=acked,
             )
         finally:
             self.active_push_streams -= 1
+            self.bridges.closed(ticket, self._monotonic())
+            if not query:
+                log.info("push stream from bridge %s closed", bridge or "(unnamed)")
 
     async def roll_if_due(self) -> bool:
         """Finish the record's current file if it is due (between batches, like a write)."""
@@ -171,12 +193,14 @@ class _Servicer(bridge_pb2_grpc.VisualizationSinkServicer):
         self._sink = sink
 
     async def Push(self, request_iterator: AsyncIterator[pb.ProcessedFrame], context: Any) -> None:
-        await self._sink.push(request_iterator, context.write)
+        await self._sink.push(request_iterator, context.write, context.invocation_metadata())
 
     async def PushBatch(
         self, request_iterator: AsyncIterator[pb.ProcessedFrameBatch], context: Any
     ) -> None:
-        await self._sink.push(frames_of(request_iterator), context.write)
+        await self._sink.push(
+            frames_of(request_iterator), context.write, context.invocation_metadata()
+        )
 
 
 def grpc_server(

@@ -279,10 +279,21 @@ function cell(text, cls) { const td = document.createElement("td"); td.textConte
 
 function renderStatus(st) {
   const b = st.bridge || {};
+  const linked = (b.bridges || []).filter((r) => r.connected).length;
   document.getElementById("conn").innerHTML = (b.connected
-    ? '<span class="ok">bridge connected</span>' : '<span class="bad">no bridge connected</span>')
-    + ` · acked bridge_seq ${b.acked_bridge_seq ?? 0} · frames ${b.frames_recorded ?? 0}`
-    + ` · duplicates ${b.duplicates ?? 0}`;
+    ? `<span class="ok">${linked > 1 ? linked + " bridges" : "bridge"} connected</span>`
+    : '<span class="bad">no bridge connected</span>')
+    + ` · frames ${b.frames_recorded ?? 0} · duplicates ${b.duplicates ?? 0}`;
+  // One line per bridge: each numbers its frames (bridge_seq) on its own.
+  const bridges = document.getElementById("bridges");
+  bridges.textContent = "";
+  for (const r of b.bridges || []) {
+    const li = document.createElement("li");
+    li.textContent = `${r.bridge_id || "(unnamed)"}: ${r.connected ? "connected" : "gone"}`
+      + ` · acked bridge_seq ${r.acked_bridge_seq} · frames ${r.frames_received}`
+      + ` · streams ${r.push_streams}`;
+    bridges.appendChild(li);
+  }
   const body = document.querySelector("#streams tbody");
   body.textContent = "";
   const now = performance.now();
