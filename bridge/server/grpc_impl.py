@@ -23,7 +23,8 @@ from bridge.config.settings import Settings
 from bridge.protocol.errors import FrameTooLarge, ProtocolError, TooManySessions
 from bridge.server.governor import Charge, Component, Governor
 from bridge.server.metrics import BridgeMetrics
-from bridge.server.ports import Edges, Received, Subscriptions
+from bridge.server.podfeed import POD_SECRET_METADATA, PodFeed, PodSubscriptions, SiblingSource
+from bridge.server.ports import Edges, Received
 from bridge.server.subscribers import Subscriber
 from bridge.v1 import bridge_pb2 as pb
 
@@ -168,13 +169,26 @@ def _bearer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     return ""
 
 
+def _pod_secret(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """The pod secret an internal call presents (None: a viewer's call)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == POD_SECRET_METADATA:
+            return value if isinstance(value, str) else ""
+    return None
+
+
 def build_server(
     settings: Settings,
     edges: Edges,
-    subscribers: Subscriptions,
+    subscribers: PodSubscriptions,
     metrics: BridgeMetrics,
     governor: Governor,
+    pod: Callable[[], SiblingSource | None] | None = None,
 ) -> tuple[grpc.aio.Server, health_aio.HealthServicer]:
+    """``pod``: in a pod's worker, returns the pod link (``service.podlink``; None outside a
+    pod), read at each Subscribe call. A viewer's call then also relays the other processes'
+    frames (:class:`bridge.server.podfeed.PodFeed`), and an internal call from one of them is
+    checked against the pod secret and served this process's devices only."""
     # Receive cap: gRPC's own default (4 MiB) is too small. The 64 KiB above max_frame_bytes
     # lets a message just over the limit reach GrpcTransport.recv, which refuses it with the
     # bridge's own error and counts it; beyond the cap gRPC refuses it itself (same status).
@@ -232,7 +246,18 @@ def build_server(
     async def subscribe(
         request_bytes: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
-        if viewer_token and not hmac.compare_digest(
+        source = pod() if pod is not None else None
+        presented = _pod_secret(context)
+        internal = presented is not None
+        if presented is not None:  # a sibling's call: the pod secret, never a viewer token
+            if (
+                source is None
+                or not source.secret
+                or not hmac.compare_digest(presented.encode(), source.secret.encode())
+            ):
+                metrics.unauthorized.labels("pod").inc()
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "pod secret required")
+        elif viewer_token and not hmac.compare_digest(
             _bearer(context).encode(), viewer_token.encode()
         ):
             metrics.unauthorized.labels("subscribe").inc()
@@ -254,6 +279,18 @@ def build_server(
         except ValueError as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
         metrics.subscribers.set(len(subscribers))
+        feed = None
+        if source is not None and not internal:
+            feed = PodFeed(
+                source,
+                sub,
+                subscribers,
+                request,
+                window_bytes=settings.grpc_window_bytes,
+                max_message_bytes=max_msg,
+                on_dropped=metrics.subscriber_dropped.inc,
+            )
+            feed.start()
         try:
             for data in backlog:
                 yield data
@@ -263,6 +300,8 @@ def build_server(
                     return
                 yield item
         finally:
+            if feed is not None:
+                await feed.close()  # before detach: nothing is queued for sub after this
             subscribers.detach(sub)
             metrics.subscribers.set(len(subscribers))
 

@@ -8,6 +8,10 @@ them when the governor has no room; the next frame that subscriber does get on t
 carries a ``slow_subscriber`` gap with the exact count, so a slow viewer never slows the bridge
 or other viewers, never holds unbounded memory, and never guesses.
 
+In a pod, frames another process serialized for this viewer (``bridge.server.podfeed``) meet
+the same rule one at a time (:meth:`SubscriberSet.relay`): each is charged for itself, and a
+skipped one's gap (with any gap it carried) rides on the stream's next frame.
+
 All subscriber queues together may hold at most half the governor's reserve, split evenly over
 the connected subscribers (``share_bytes``); the rest of the reserve stays for forward progress.
 
@@ -27,6 +31,7 @@ from collections.abc import Iterable, Iterator
 
 from bridge.server.egress import EgressLog, frame_parts, gap_trailer
 from bridge.server.governor import Charge, Component, Governor
+from bridge.server.relayed import relay_trailer, scan_head
 from bridge.server.ring import Entry, Gap
 from bridge.server.session import Stream, StreamKey
 
@@ -76,20 +81,24 @@ class Subscriber:
     def has_room(self, nbytes: int, share_bytes: int) -> bool:
         return len(self._queue) < self.queue_frames and self.queued_bytes + nbytes <= share_bytes
 
-    def miss(self, stream: Stream, entry: Entry) -> None:
-        gap = Gap(entry.seq, entry.seq, 1, "slow_subscriber")
-        missed = self.missed.get(stream.key)
-        self.missed[stream.key] = gap if missed is None else missed.merge(gap)
+    def miss(self, key: StreamKey, seq: int, carried: Gap | None = None) -> None:
+        """Frame ``seq`` of ``key`` is skipped for this subscriber; ``carried``: the gap that
+        frame itself announced (a relayed frame's), which the next one must announce instead."""
+        gap = Gap(seq, seq, 1, "slow_subscriber")
+        if carried is not None:
+            gap = carried.merge(gap)
+        missed = self.missed.get(key)
+        self.missed[key] = gap if missed is None else missed.merge(gap)
 
     def trailer(self, stream: Stream, entry: Entry) -> bytes:
         """The gap trailer ``entry`` would carry for this subscriber now (b"": none)."""
         missed = self.missed.get(stream.key)
         return b"" if missed is None else gap_trailer(entry, missed)
 
-    def put(self, stream: Stream, entry: Entry, shared: SharedFrame, trailer: bytes) -> None:
+    def put(self, key: StreamKey, shared: SharedFrame, trailer: bytes) -> None:
         """Queue ``shared``; the pending gap for this stream rides in ``trailer``
         (:meth:`trailer`, taken before the frame was charged)."""
-        self.missed.pop(stream.key, None)
+        self.missed.pop(key, None)
         shared.refs += 1
         self.queued_bytes += len(shared.data) + len(trailer)
         self._queue.append((shared, trailer))
@@ -185,12 +194,31 @@ class SubscriberSet:
             else:
                 shared = SharedFrame(b"".join(parts), charge)
                 for sub, trailer in zip(takers, trailers, strict=True):
-                    sub.put(stream, entry, shared, trailer)
+                    sub.put(stream.key, shared, trailer)
             for sub in wanting:
                 if sub not in takers:
-                    sub.miss(stream, entry)
+                    sub.miss(stream.key, entry.seq)
                     dropped += 1
         return dropped
+
+    def relay(self, sub: Subscriber, data: bytes) -> bool:
+        """Offer ``sub`` a frame another process of the pod serialized (``bridge.server.podfeed``)
+        under the rule :meth:`fanout` applies to local frames: queued and charged when its queue
+        and the governor have room, else skipped and announced as a gap with the stream's next
+        frame. Returns False when skipped. Raises ``ValueError`` for bytes that are not a frame."""
+        head = scan_head(data)
+        nbytes = len(data)
+        if sub.has_room(nbytes, self.share_bytes):
+            missed = sub.missed.get(head.key)
+            trailer = b"" if missed is None else relay_trailer(head, missed)
+            charge = self.governor.try_charge(
+                Component.SUBSCRIBERS, nbytes + send_bytes(nbytes, len(trailer))
+            )
+            if charge is not None:
+                sub.put(head.key, SharedFrame(data, charge), trailer)
+                return True
+        sub.miss(head.key, head.seq, head.gap)
+        return False
 
     def close_all(self) -> None:
         for sub in self._subs:
