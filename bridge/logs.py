@@ -1,36 +1,67 @@
-"""Structured logging setup: human text by default, one JSON object per line with ``json``."""
+"""Structured logging setup: human text by default, one JSON object per line with ``json``.
+
+In a pod (several ingest processes, docs/pod-worker.md) every line names its process: ``proc=<i>``
+in text, ``"proc": i`` in JSON, from the environment the supervisor starts each process with.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+#: Set by the pod's supervisor for each ingest process (bridge.protocol.podcontrol names them;
+#: this module imports nothing of the bridge, so the names are spelled here too).
+POD_CONTROL_ENV = "SIMBRIDGE_POD_CONTROL"
+POD_INDEX_ENV = "SIMBRIDGE_POD_INDEX"
+
+
+def pod_process_index() -> int | None:
+    """This process's index in its pod; None outside one (a single process, or the supervisor)."""
+    if not os.environ.get(POD_CONTROL_ENV):
+        return None
+    try:
+        return int(os.environ.get(POD_INDEX_ENV, "0"))
+    except ValueError:
+        return None
+
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, proc: int | None = None) -> None:
+        super().__init__()
+        self.proc = proc
+
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
+        entry: dict[str, object] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        if self.proc is not None:
+            entry["proc"] = self.proc
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry)
 
 
-def configure(fmt: str = "text", level: str = "INFO") -> None:
+def configure(fmt: str = "text", level: str = "INFO", proc: int | None = None) -> None:
+    """``proc``: the process's index in its pod (default: :func:`pod_process_index`)."""
+    proc = pod_process_index() if proc is None else proc
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(JsonFormatter(proc))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        tag = "" if proc is None else f"proc={proc} "
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
+        )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

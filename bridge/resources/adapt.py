@@ -41,6 +41,7 @@ from bridge.resources.podsource import PodApi, PodSource, PodUpdate
 from bridge.resources.poller import Poller
 from bridge.resources.ports import AdaptTarget
 from bridge.resources.quantity import format_bytes
+from bridge.resources.share import PodShare, own_rss_bytes, shared_plan, shared_reading
 from bridge.resources.snapshot import CgroupReading, GpuReading, Snapshot, Sourced, Workload
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ class Adapter:
         self.history: collections.deque[AppliedChange] = collections.deque(maxlen=256)
         self.events_posted: list[dict[str, Any]] = []
         self.last_adapt_seconds: float | None = None
+        self._share: PodShare | None = None  # in a pod: the supervisor's share, not the cgroup
 
     # ------------------------------------------------------------------ construction
 
@@ -287,6 +289,11 @@ class Adapter:
                 self.replan(cause, now)
             self._check_escalation()
 
+    def set_share(self, share: PodShare) -> None:
+        """In a pod: plan from this process's share from now on (bridge.resources.share)."""
+        self._share = share
+        self.replan("share", self._clock())
+
     def notify_workload_changed(self) -> None:
         """For the data plane: streams opened/closed; re-plan the per-stream shares now."""
         self.replan("workload", self._clock())
@@ -295,8 +302,11 @@ class Adapter:
 
     def snapshot(self, detected_at: float | None = None) -> Snapshot:
         self._workload = self._workload_now()
+        share = self._share
         return Snapshot(
-            cgroup=self._cgroup,
+            cgroup=self._cgroup
+            if share is None
+            else shared_reading(self._cgroup, share, own_rss_bytes()),
             cpus_allowed=self._cpus,
             pod=self._pod,
             devices=self._devices,
@@ -309,6 +319,8 @@ class Adapter:
         snap = self.snapshot(detected_at)
         self._snapshot = snap
         plan = make_plan(snap, self.settings.plan)
+        if self._share is not None:
+            plan = shared_plan(plan, self._share)
         self.metrics.set_limits(
             snap.cgroup.cpu_limit_cores, snap.cgroup.memory_limit_bytes, plan.memory_limit_bytes
         )
@@ -457,6 +469,7 @@ class Adapter:
             }
         )
         out["plan"] = describe_plan(self._applied)
+        out["pod_share"] = None if self._share is None else self._share.as_dict()
         p = self._pending
         out["pending_resize"] = (
             None

@@ -36,6 +36,8 @@ from bridge.server.ingest_config import IngestConfig
 from bridge.server.looplag import LoopLagMonitor
 from bridge.server.memtrim import release_free_heap
 from bridge.server.metrics import BridgeMetrics
+from bridge.server.ownership_gate import OwnershipGate
+from bridge.server.podlink import PodEnv, PodLink
 from bridge.server.ports import CoreConfig
 from bridge.server.processing import Processor
 from bridge.server.push_impl import SinkPusher
@@ -64,8 +66,17 @@ class BridgeService:
     """Builds the parts, wires each adapter to its port, and owns start and shutdown. No adapter
     imports this module: they see only the Protocols in ``bridge.server.ports``."""
 
-    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: CollectorRegistry | None = None,
+        pod: PodEnv | None = None,
+    ) -> None:
         self.settings = settings
+        # One process of a pod (docs/pod-worker.md): from the supervisor's environment.
+        self.pod_env = pod if pod is not None else PodEnv.from_environ()
+        self.podlink: PodLink | None = None  # connected in start() in a pod
+        self.grpc_internal = ""  # the private gRPC listener in a pod (host:port)
         self.registry = registry or CollectorRegistry()
         self.metrics = BridgeMetrics(self.registry)
         self.limits = codec.Limits(
@@ -132,6 +143,8 @@ class BridgeService:
 
     async def _start(self) -> BoundPorts:
         settings = self.settings
+        if self.pod_env is not None:  # before any listener: every Hello claims its device
+            await self._join_pod(self.pod_env)
         if settings.cuda_lib:
             use_cuda_library(settings.cuda_lib)
         decimator = get_decimator(settings.decimate_backend)
@@ -164,7 +177,12 @@ class BridgeService:
         # Read at scrape time: the per-stream share changes with every stream added or gone.
         self.metrics.ring_capacity.set_function(lambda: self.core.ring_capacity_per_stream)
         self._grpc_server, self._health = build_server(
-            settings, self.edges, self.subscribers, self.metrics, self.governor
+            settings,
+            self.edges,
+            self.subscribers,
+            self.metrics,
+            self.governor,
+            pod=lambda: self.podlink,  # a viewer here also sees the siblings' devices
         )
         grpc_address = f"{settings.host}:{settings.grpc_port}"
         credentials = grpc_server_credentials(settings)
@@ -178,6 +196,11 @@ class BridgeService:
             raise StartupError(f"cannot listen on {grpc_address} (gRPC): {exc}") from None
         if not grpc_port:
             raise StartupError(f"cannot listen on {grpc_address} (gRPC)")
+        if self.podlink is not None:  # the siblings' way in (cross-process Subscribe)
+            internal = self._grpc_server.add_insecure_port("127.0.0.1:0")
+            if not internal:
+                raise StartupError("cannot listen on 127.0.0.1:0 (private gRPC)")
+            self.grpc_internal = f"127.0.0.1:{internal}"
         await self._grpc_server.start()
         try:
             self._ws_server = await start_ws_server(
@@ -198,7 +221,11 @@ class BridgeService:
             on_unauthorized=lambda path: self.metrics.unauthorized.labels("http").inc(),
         )
         try:
-            http_port = await self._http.start(settings.host, settings.http_port)
+            http_port = (
+                await self._http.start(settings.host, settings.http_port)
+                if self.podlink is None  # in a pod the supervisor owns the ops port
+                else await self._http.start("127.0.0.1", 0, public=False)
+            )
         except OSError as exc:
             raise StartupError(
                 f"cannot listen on {settings.host}:{settings.http_port} (HTTP): {exc.strerror}"
@@ -216,6 +243,13 @@ class BridgeService:
         await set_health(self._health, True)
         self.ready = True
         self.metrics.ready.set(1)
+        if self.podlink is not None:
+            self.podlink.up(
+                ops=f"127.0.0.1:{http_port}",
+                grpc_internal=self.grpc_internal,
+                ws=ws_port,
+                grpc=grpc_port,
+            )
         log.info(
             "simbridge ready: ws :%d%s grpc :%d http :%d, backend %s, %d workers, sink %s",
             ws_port,
@@ -235,7 +269,48 @@ class BridgeService:
         from bridge.resources.adapt import Adapter
 
         self.adapter = Adapter.from_settings(target, self.registry, self.settings)
+        if self.podlink is not None and self.podlink.share is not None:
+            self.adapter.set_share(self.podlink.share)
         await self.adapter.start()
+
+    async def _join_pod(self, env: PodEnv) -> None:
+        """Connect to the supervisor; claims at Hello, releases, shares and forgets go through
+        it. Its channel closing ends this process (drained as on SIGTERM)."""
+        link = PodLink(
+            env,
+            claim_timeout=self.settings.pod_claim_timeout_seconds,
+            on_share=self._on_share,
+            on_lost=self.request_stop,
+        )
+        try:
+            await link.connect()
+        except OSError as exc:
+            raise StartupError(
+                f"cannot reach the pod's supervisor at {env.control}: {exc}"
+            ) from None
+        self.podlink = link
+        self.edges.pod = OwnershipGate(
+            link,
+            self.core,
+            self.edges,
+            self.metrics,
+            release_timeout=self.settings.pod_release_timeout_seconds,
+        )
+        self.core.on_forget = link.forget
+
+    def _on_share(self, share: Any) -> None:
+        """The supervisor's plan changed: this process plans from its new share (with
+        ``adapt`` off it keeps its settings, as a single bridge ignores the cgroup then)."""
+        log.info(
+            "pod share: process %d of %d, %d workers, memory %s, cpu %s",
+            share.index,
+            share.processes,
+            share.workers,
+            share.memory_limit_bytes,
+            share.cpu_cores,
+        )
+        if self.adapter is not None:
+            self.adapter.set_share(share)
 
     def describe_resources(self) -> dict[str, Any]:
         info: dict[str, Any] = {
@@ -255,6 +330,14 @@ class BridgeService:
         }
         if self.adapter is not None:
             info["adapter"] = self.adapter.describe()
+        if self.podlink is not None:
+            share = self.podlink.share
+            info["pod"] = {
+                "index": self.podlink.index,
+                "connected": self.podlink.connected,
+                "grpc_internal": self.grpc_internal,
+                "share": None if share is None else share.as_dict(),
+            }
         return info
 
     def _on_processed(self, item: Any, spent: float, error: str | None) -> None:
@@ -352,6 +435,9 @@ class BridgeService:
             await self.adapter.stop()
             self.adapter = None
         await self.edges.close()
+        if self.podlink is not None:
+            self.core.on_forget = None  # closing forgets every session: the supervisor knows
+            await self.podlink.close()
         if self._ws_server is not None:
             self._ws_server.close()
             with contextlib.suppress(Exception):

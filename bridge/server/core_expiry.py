@@ -52,6 +52,8 @@ class ExpiryRole(CoreState):
             del self.sessions[session.session_id]
             if self.by_device.get(session.device_id) is session:
                 del self.by_device[session.device_id]
+                if self.on_forget is not None:  # the pod's table forgets it here
+                    self.on_forget(session.device_id)
             for stream in session.streams.values():
                 self.streams.pop(stream.key, None)
                 stream.ring.release_all()

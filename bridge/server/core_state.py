@@ -39,6 +39,8 @@ class CoreState(ABC):
         self._watermarks: dict[StreamKey, int] = {}
         # Set by the sink pusher (push_impl.MarksLookup): asks the sink for one device's marks.
         self.marks_lookup: Callable[[str], Awaitable[list[tuple[StreamKey, int]]]] | None = None
+        # Set in a pod (bridge.server.podlink): a device's session left this process.
+        self.on_forget: Callable[[str], None] | None = None
 
     # -- what one role asks of another --------------------------------------------------------
     @abstractmethod

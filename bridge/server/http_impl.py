@@ -123,19 +123,27 @@ class OpsHttpServer:
         """The child sees it within :data:`MIRROR_SECONDS`."""
         self._loop_stall_seconds = seconds
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, *, public: bool = True) -> int:
         """Bind the public port, start the internal server (a thread of its own) and the probe
-        child; the public bound port (OSError when it cannot listen)."""
+        child; the public bound port (OSError when it cannot listen).
+
+        ``public=False`` (a process of a pod, whose supervisor owns the public port and answers
+        the probes): only the internal server, on ``host:port``; its bound port."""
         self._bridge_loop = asyncio.get_running_loop()
-        self._public = await _bind(host, port)
-        self._state, self._state_fd = ProbeState.create()
-        self._publish()  # before the ops thread starts: it is the writer from then on
+        if public:
+            self._public = await _bind(host, port)
+            self._state, self._state_fd = ProbeState.create()
+            self._publish()  # before the ops thread starts: it is the writer from then on
         started: asyncio.Future[int] = self._bridge_loop.create_future()
+        internal = ("127.0.0.1", 0) if public else (host, port)
         self._thread = threading.Thread(
-            target=self._run, args=("127.0.0.1", 0, started), name="ops-http", daemon=True
+            target=self._run, args=(*internal, started), name="ops-http", daemon=True
         )
         self._thread.start()
         self.internal_port = await started
+        if not public:
+            self._beat_task = asyncio.ensure_future(self._beat())
+            return self.internal_port
         self.child = ProbeChild(
             [s.fileno() for s in self._public], self._state_fd, self.internal_port
         )

@@ -30,7 +30,7 @@ from bridge.protocol.errors import (
     TooManyPending,
     Unauthenticated,
 )
-from bridge.server import challenge
+from bridge.server import ownership_gate
 from bridge.server.acks import AckPacer
 from bridge.server.admission import Admission
 from bridge.server.chunkwarden import ChunkWarden
@@ -39,7 +39,6 @@ from bridge.server.ingest_config import IngestConfig
 from bridge.server.metrics import BridgeMetrics
 from bridge.server.offload import OffLoopDecoder
 from bridge.server.ports import SPLIT_DATA_BYTES, EdgeTransport, IngestCore, Received
-from bridge.server.push_impl import learn_sink_marks
 from bridge.server.session import Session, Stream, StreamKey, check_routing, routing_keys
 from bridge.server.uplink import Uplink
 from bridge.v1 import bridge_pb2 as pb
@@ -71,6 +70,7 @@ class EdgeRegistry:
         self.pending = 0  # connections that have not completed Hello
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = False
+        self.pod: ownership_gate.OwnershipGate | None = None  # in a pod: claims at Hello
 
     def __len__(self) -> int:
         return len(self._connections)
@@ -231,8 +231,9 @@ class EdgeConnection:
                     await self.send(self._drain_message())
                     return
                 Uplink.check_hello(msg.hello)
-                await learn_sink_marks(core, msg.hello)  # before Welcome: what others delivered
-                attached = await challenge.attach(core, msg.hello, self, proven, metrics)
+                attached = await ownership_gate.attach(  # claim (pod), marks, attach
+                    core, edges.pod, msg.hello, self, proven, metrics
+                )
                 self.session, welcome = attached.session, attached.welcome
                 self._uplink = Uplink(
                     msg.hello,
