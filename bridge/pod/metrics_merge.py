@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -220,19 +221,21 @@ class PodMerge:
 
     def render(self) -> str:
         """The merged exposition (Prometheus text format 0.0.4)."""
-        out: list[str] = []
+        return "".join(self.render_parts())
+
+    def render_parts(self) -> Iterator[str]:
+        """:meth:`render` one family at a time, for a caller that yields to its event loop
+        between them (no update may come before the last one)."""
         indexes = sorted(self._processes)
-        for family, (kind, help_) in self._meta.items():
+        for family, (kind, help_) in list(self._meta.items()):
             if kind in CUMULATIVE:
                 lines = self._summed_lines(family, indexes)
             else:
                 lines = self._gauge_lines(family, indexes)
-            if not lines:
-                continue
-            out.append(f"# HELP {family} {_escape_help(help_)}\n# TYPE {family} {kind}\n")
-            out.extend(lines)
+            if lines:
+                head = f"# HELP {family} {_escape_help(help_)}\n# TYPE {family} {kind}\n"
+                yield head + "".join(lines)
         self._meta = {f: m for f, m in self._meta.items() if self._referenced(f)}
-        return "".join(out)
 
     def _referenced(self, family: str) -> bool:
         return family in self._carried or any(
