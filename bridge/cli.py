@@ -112,6 +112,7 @@ def ports_in_use(settings: settings_mod.Settings) -> list[str]:
 
 async def _serve_async(settings: settings_mod.Settings) -> bool:
     from bridge.server.app import BridgeService
+    from bridge.server.rebalance import Rebalancer
 
     service = BridgeService(settings)
     loop = asyncio.get_running_loop()
@@ -128,6 +129,7 @@ async def _serve_async(settings: settings_mod.Settings) -> bool:
     loop.add_signal_handler(signal.SIGTERM, service.request_stop)
     loop.add_signal_handler(signal.SIGINT, on_sigint)
     await service.start()
+    Rebalancer.install(service)  # POST /admin/rebalance on the ops port
     ports = service.ports
     assert ports is not None
     # One machine-readable line so supervisors (tests, the demo) learn ports chosen with 0. In a

@@ -17,7 +17,9 @@ connection, bounded request size and read time, at most :data:`MAX_CONNECTIONS` 
 on an event loop of its own, on a thread: the control surface exposes nothing that changes
 state. With a token set, ``/debug/*`` always needs ``Authorization: Bearer <token>`` and
 ``/metrics`` does unless it was left open for Prometheus (``metrics_auth: open``); the probes
-stay open for the kubelet. The token stays in this process: the child only relays.
+stay open for the kubelet. The token stays in this process: the child only relays. The one
+exception to "GET and HEAD only": ``post_routes`` (e.g. ``/admin/rebalance``,
+:mod:`bridge.server.rebalance`), which always need the token and are refused without one.
 
 A bridge loop that has *stopped* turning fails both probes: it beats every
 :data:`BEAT_SECONDS` (writing its beat, is_live and is_ready to the shared block), and the probes
@@ -41,7 +43,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -113,6 +115,8 @@ class OpsHttpServer:
         self._state_fd = -1
         self.child: ProbeChild | None = None
         self.internal_port = 0
+        #: POST path -> handler of the query string, run on the bridge's loop (token required)
+        self.post_routes: dict[str, Callable[[str], Awaitable[Answer]]] = {}
 
     @property
     def loop_stall_seconds(self) -> float:
@@ -275,12 +279,15 @@ class OpsHttpServer:
             return 200, "application/json", body
         return 404, "text/plain", b"not found\n"
 
-    async def _on_bridge_loop(self, path: str) -> Answer:
+    async def _on_bridge_loop(self, path: str, method: str = "GET") -> Answer:
         bridge = self._bridge_loop
         if bridge is None or bridge.is_closed():
             return 503, "text/plain", b"shutting down\n"
 
         async def compute() -> Answer:
+            if method == "POST":  # path is path?query, of a post route (answer_now)
+                route, _, query = path.partition("?")
+                return await self.post_routes[route](query)
             return self.route(path)
 
         try:
@@ -302,9 +309,16 @@ class OpsHttpServer:
             method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
         except ValueError:
             return b"", None
+        path = target.split("?", 1)[0]
+        if method == "POST" and path in self.post_routes:
+            if not (self.token and self.authorized(head)):
+                if self.on_unauthorized is not None:
+                    self.on_unauthorized(path)
+                refusal = b"bearer token required\n" if self.token else b"no auth_token set\n"
+                return _response(method, (401 if self.token else 403, "text/plain", refusal)), None
+            return b"", target
         if method not in ("GET", "HEAD"):
             return _response(method, (405, "text/plain", b"method not allowed\n")), None
-        path = target.split("?", 1)[0]
         if self.needs_token(path) and not self.authorized(head):
             if self.on_unauthorized is not None:
                 self.on_unauthorized(path)
@@ -316,7 +330,7 @@ class OpsHttpServer:
 
     async def answer_later(self, conn: _OpsConnection, method: str, path: str) -> None:
         try:
-            conn.send(_response(method, await self._on_bridge_loop(path)))
+            conn.send(_response(method, await self._on_bridge_loop(path, method)))
         finally:
             conn.close()
 
