@@ -370,3 +370,17 @@ async def test_a_share_changes_the_workers_plan(tmp_path: Path) -> None:
         assert after[budget]["value"] - before[budget]["value"] == 512 * MiB
         assert after[ring]["value"] > before[ring]["value"]
         assert small["memory"]["budget_bytes"] < large["memory"]["budget_bytes"]
+
+
+async def test_a_session_that_leaves_the_worker_is_forgotten_in_the_pod() -> None:
+    """A detached session that expires (its TTL, rings empty) leaves this process: the worker
+    sends ``forget{device}`` so the supervisor's table stays bounded."""
+    async with FakeSupervisor() as sup, worker(sup, 0, session_ttl_seconds=0.2) as w:
+        spec = pb.StreamSpec(stream_id="s", kind=pb.POINT_CLOUD)
+        edge = Edge("robot", [spec])
+        await edge.connect(ws_opener(ws_url(w)))
+        await edge.publish("s", POINTS)
+        assert await edge.wait_delivered("s", 1)
+        await edge.disconnect()
+        forget = await sup.next_message(0, "forget", timeout=5)
+        assert forget["device"] == "robot" and "robot" not in w.core.by_device
