@@ -199,9 +199,6 @@ class PodOpsServer:
         self.metrics.dropped_samples.labels("cap").inc(dropped - seen[1])
         self._dropped_seen = (conflicts, dropped)
         self.metrics.set_processes_up(up)
-        self.metrics.processes.set(sum(1 for w in workers if w.alive))
-        self.metrics.processes_planned.set(len(workers))
-        self.metrics.ready.set(1 if self.view.ready()[0] else 0)
         return "".join(parts).encode() + generate_latest(self.metrics.registry)
 
     async def _take(self, worker: WorkerOps, got: Fetched | None) -> bool:
