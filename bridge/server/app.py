@@ -299,8 +299,9 @@ class BridgeService:
         self.core.on_forget = link.forget
 
     def _on_share(self, share: Any) -> None:
-        """The supervisor's plan changed: this process plans from its new share (with
-        ``adapt`` off it keeps its settings, as a single bridge ignores the cgroup then)."""
+        """The supervisor's plan changed: this process plans from its new share. With ``adapt``
+        off only the share's worker count applies (unless ``workers`` is set): N processes
+        each sized for the whole pod's CPUs would oversubscribe them N times."""
         log.info(
             "pod share: process %d of %d, %d workers, memory %s, cpu %s",
             share.index,
@@ -311,6 +312,8 @@ class BridgeService:
         )
         if self.adapter is not None:
             self.adapter.set_share(share)
+        elif self.capacity is not None and not self.settings.workers:
+            self.capacity.resize_workers(share.workers)
 
     def describe_resources(self) -> dict[str, Any]:
         info: dict[str, Any] = {

@@ -384,3 +384,14 @@ async def test_a_session_that_leaves_the_worker_is_forgotten_in_the_pod() -> Non
         await edge.disconnect()
         forget = await sup.next_message(0, "forget", timeout=5)
         assert forget["device"] == "robot" and "robot" not in w.core.by_device
+
+
+async def test_without_adapt_the_share_still_sets_the_worker_count() -> None:
+    """``adapt: false`` keeps the settings' memory budget, but N processes each running a
+    worker per CPU of the pod would oversubscribe it N times: the share's count applies."""
+    async with FakeSupervisor() as sup, worker(sup, 0, workers=0) as w:
+        assert w.adapter is None
+        sup.share(0, workers=1, processes=4)
+        assert await wait_until(lambda: w.pool.size == 1)
+        sup.share(0, workers=2, processes=2)
+        assert await wait_until(lambda: w.pool.size == 2)
