@@ -7,14 +7,18 @@ SDK's ``x-simbridge-device`` header, WebSocket over HTTP/1.1 and gRPC over h2. D
 ``EdgeClient``, half over each transport) publish small clouds at a fixed rate throughout.
 
 The timeline: warm up; scale in (r2 leaves HAProxy's rotation and gets SIGTERM: its devices are
-drained to the others); scale out (a new replica takes slot r2 through the runtime API); SIGKILL
+drained to the others); scale out (a new replica takes slot r2 through the runtime API, then
+``POST /admin/rebalance`` on r1 and r3 spreads their devices' reconnects over a few seconds, so
+the ones whose key maps to r2 move there); SIGKILL
 r3 (its devices reconnect elsewhere, resending what the sink had not acknowledged); a new r3;
 r1 out of rotation with its connections cut, then back (its devices return to the stale
 sessions it kept); stop publishing and wait until every frame is delivered.
 
 What is measured: per device, every outage (connected -> connected again: "accepting again");
 at the sink, unique frames against published ones (lost), frames received more than once (raw
-resends the sink dropped), frames out of order, gaps announced; at the edges, frames resent.
+resends the sink dropped), frames out of order, gaps announced; at the edges, frames resent;
+after the rebalance, how many devices the new r2 holds (its ``bridge_sessions``) and when it
+reached half its fair share (devices / replicas).
 
     python -m benchmarks.replicas.cli [--devices 24] [--rate 10] [--json out.json]
 """
@@ -38,6 +42,7 @@ import numpy as np
 
 from benchmarks.hostinfo import cpu_description
 from benchmarks.replicas.haproxy import HAProxy, Unavailable
+from benchmarks.replicas.ops import rebalance, sessions
 from bridge.client import EdgeClient, StreamSpec
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.launch import ChildProcess, serve_command
@@ -55,6 +60,11 @@ class Config:
     phase_seconds: float = 6.0
     drain_timeout: float = 30.0
     serve_args: tuple[str, ...] = ()
+    #: the replicas' auth_token (the rebalance route needs one; the edges send it too)
+    token: str = "replicas-e2e-token"
+    rebalance_spread_seconds: float = 4.0
+    #: the new replica must hold half its fair share within the spread plus this
+    rebalance_margin_seconds: float = 5.0
 
 
 @dataclass
@@ -145,7 +155,7 @@ async def run(cfg: Config, workdir: Path, say: Any = print) -> dict[str, Any]:
     sink = SinkServer(fsync=False, on_frame=on_frame)
     await sink.start()
     try:
-        extra = cfg.serve_args
+        extra = (*cfg.serve_args, f"--auth-token={cfg.token}")
         for slot in ("r1", "r2", "r3"):
             replicas[slot] = await Replica.start(slot, sink.address, extra)
         proxy = HAProxy(workdir, [r.ports for r in replicas.values()])
@@ -161,7 +171,11 @@ async def run(cfg: Config, workdir: Path, say: Any = print) -> dict[str, Any]:
             )
             name = f"robot-{i:02d}"
             edge = EdgeClient(
-                url, device_id=name, streams=[StreamSpec("lidar")], connect_timeout=2.0
+                url,
+                device_id=name,
+                streams=[StreamSpec("lidar")],
+                connect_timeout=2.0,
+                token=cfg.token,
             )
             devices.append(Device(name, transport, edge))
         await asyncio.gather(*(d.edge.start(timeout=20) for d in devices))
@@ -171,6 +185,7 @@ async def run(cfg: Config, workdir: Path, say: Any = print) -> dict[str, Any]:
         event(f"{cfg.devices} devices publishing at {cfg.rate_hz:g} Hz")
         await asyncio.sleep(cfg.warm_seconds)
         before = await proxy.servers()
+        hash_share = {s: await sessions(r.ports["http"], cfg.token) for s, r in replicas.items()}
 
         # 3 -> 2: r2 leaves the rotation and drains.
         r2 = replicas.pop("r2")
@@ -185,6 +200,7 @@ async def run(cfg: Config, workdir: Path, say: Any = print) -> dict[str, Any]:
         replicas["r2"] = await Replica.start("r2", sink.address, extra)
         await proxy.point("r2", replicas["r2"].ports)
         event("scale out: new r2 ready in HAProxy")
+        spread = await _rebalance(cfg, replicas, hash_share["r2"], event)
         await asyncio.sleep(cfg.phase_seconds)
         after_scale_out = await proxy.servers()
 
@@ -221,9 +237,12 @@ async def run(cfg: Config, workdir: Path, say: Any = print) -> dict[str, Any]:
         await asyncio.gather(tasks[0], return_exceptions=True)
         for d in devices:
             await d.edge.close()
-        return _report(
+        rep = _report(
             cfg, devices, sink, gaps, events, t0, before, after_scale_out, r2_exit, proxy.version()
         )
+        rep["rebalance"] = spread
+        rep["sink_bridges"] = sink.report()["server"]["bridges"]
+        return rep
     finally:
         stop.set()
         for task in tasks:
@@ -238,6 +257,50 @@ async def run(cfg: Config, workdir: Path, say: Any = print) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 await replica.child.stop(10)
         await sink.stop()
+
+
+async def _rebalance(
+    cfg: Config, replicas: dict[str, Replica], hash_share: int, event: Any
+) -> dict[str, Any]:
+    """Rebalance the old replicas (r1, r3) onto the new r2; follow r2's devices until it holds
+    what the hash gives it (``hash_share``: the devices the slot held at the start, the same
+    server name hashing the same keys) once every Drain is out, or the deadline passes."""
+    loop = asyncio.get_running_loop()
+    token, new = cfg.token, replicas["r2"].ports["http"]
+    spread = cfg.rebalance_spread_seconds
+    fair = cfg.devices / len(replicas)
+    held_before = await sessions(new, token)
+    event(f"rebalance r1 and r3 over {spread:g} s")
+    started = loop.time()
+    answers = {
+        slot: await rebalance(r.ports["http"], token, spread)
+        for slot, r in replicas.items()
+        if slot != "r2"
+    }
+    deadline = started + spread + cfg.rebalance_margin_seconds
+    half_at: float | None = None
+    series: list[tuple[float, int]] = []
+    while True:
+        now = loop.time() - started
+        held = await sessions(new, token)
+        series.append((round(now, 2), held))
+        if half_at is None and held >= fair / 2:
+            half_at = round(now, 2)
+        if (now >= spread and held >= hash_share) or loop.time() >= deadline:
+            break
+        await asyncio.sleep(0.2)
+    event(f"rebalance followed: r2 holds {held} devices")
+    return {
+        "spread_seconds": spread,
+        "deadline_seconds": spread + cfg.rebalance_margin_seconds,
+        "drained": {slot: a["edges"] for slot, a in answers.items()},
+        "fair_share": fair,
+        "hash_share": hash_share,
+        "r2_before": held_before,
+        "r2_after": held,
+        "half_fair_share_at_s": half_at,
+        "r2_devices_over_time": series,
+    }
 
 
 def _report(
@@ -320,6 +383,14 @@ def summary(rep: dict[str, Any]) -> str:
         f"  moved devices {rep['moved_devices']}, outages {rep['outages']}: "
         f"p50 {rep['outage_p50_s']} s, p99 {rep['outage_p99_s']} s, max {rep['outage_max_s']} s",
     ]
+    rb = rep.get("rebalance")
+    if rb:
+        lines.append(
+            f"  rebalance after the scale-up (spread {rb['spread_seconds']:g} s, drained "
+            f"{rb['drained']}): new r2 held {rb['r2_before']} -> {rb['r2_after']} devices "
+            f"(hash share {rb['hash_share']}, fair share {rb['fair_share']:g}); half the fair "
+            f"share at {rb['half_fair_share_at_s']} s (bound {rb['deadline_seconds']:g} s)"
+        )
     for cause, o in rep["outages_by_event"].items():
         lines.append(
             f"    after {cause!r}: {o['n']} outages, p50 {o['p50_s']} s, max {o['max_s']} s"

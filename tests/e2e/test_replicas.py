@@ -39,3 +39,9 @@ async def test_replicas_scale_in_out_and_a_kill_lose_nothing(tmp_path: Path) -> 
     assert rep["moved_devices"] > 0, "the scale-in and the kill moved no device"
     assert rep["r2_sigterm_exit"] == 0
     assert rep["outage_p99_s"] <= ACCEPTING_AGAIN_P99_S, rep["outages_by_event"]
+    # Load spread after the scale-up: the new replica holds half its fair share within the
+    # rebalance's spread + 5 s (POST /admin/rebalance on the old replicas).
+    rb = rep["rebalance"]
+    assert rb["half_fair_share_at_s"] is not None, rb
+    assert rb["half_fair_share_at_s"] <= rb["deadline_seconds"], rb
+    assert rb["r2_before"] < rb["fair_share"] / 2, rb  # it was the rebalance that moved them
