@@ -28,7 +28,7 @@ import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -306,11 +306,12 @@ class _Conn(asyncio.Protocol):
         self.reading = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's TCP transport is not an asyncio.Transport subclass (an assert here failed
+        # every connection under ``simbridge serve``, which runs on uvloop): cast, not check.
+        self.transport = cast(asyncio.Transport, transport)
         if not self.server.admit(self):
             self.reading = False
-            transport.abort()
+            self.transport.abort()
             return
         self.timer = asyncio.get_running_loop().call_later(READ_SECONDS, self.abort)
 

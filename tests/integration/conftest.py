@@ -39,7 +39,13 @@ except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
     uvloop = None  # type: ignore[assignment]
 
 BOTH_LOOPS = frozenset(
-    {"test_relay.py", "test_bad_input.py", "test_overflow.py", "test_app_start.py"}
+    {
+        "test_relay.py",
+        "test_bad_input.py",
+        "test_overflow.py",
+        "test_app_start.py",
+        "test_pod_ops_http.py",
+    }
 )
 SLOW_CALLBACK_S = 0.05
 
