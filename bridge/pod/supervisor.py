@@ -47,6 +47,7 @@ log = logging.getLogger("bridge.pod.supervisor")
 MIB = 1 << 20
 MIN_RESERVED_RSS = 48 * MIB  # measured: the supervisor with its ops server idles near 40 MiB
 POLL_SECONDS = 0.2
+BRIDGE_ID_MAX = 128  # the bridge_id setting's bound
 CRASH_WINDOW_SECONDS = 60.0
 HOLD_SECONDS = 10.0  # a restarted process up this long ends a crash loop
 FIRST_BACKOFF_SECONDS = 0.5
@@ -84,6 +85,11 @@ class Supervisor:
         self.cgroup = cgroup or open_cgroup(settings.cgroup_root)
         self._affinity = affinity or (lambda: len(os.sched_getaffinity(0)))
         self.secret = secrets.token_hex(16)
+        # Each process pushes under a name of its own (its bridge_seq is its own sequence):
+        # the pod's name and the slot, stable across a process's restarts.
+        self.bridge_id = (
+            settings.bridge_id or settings.pod_name or f"{socket.gethostname()}-{os.getpid()}"
+        )
         self.ownership = Ownership(settings.pod_release_timeout_seconds + 1.0)
         self.control = ControlServer(self.ownership, self._index_of_pid, self._on_up)
         self.slots: dict[int, Slot] = {}
@@ -298,6 +304,7 @@ class Supervisor:
             f"--ws-port={self.ws_port}",
             f"--grpc-port={self.grpc_port}",
             "--http-port=0",
+            f"--bridge-id={self.bridge_id}.p{slot.index}"[:BRIDGE_ID_MAX],
         ]
         slot.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bridge.cli", "serve", *argv, env=env, preexec_fn=_die_with_parent
