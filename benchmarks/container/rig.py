@@ -133,6 +133,8 @@ class RigConfig:
 class ContainerRig:
     """One bridge container + sink + publisher; :meth:`run` drives the steps and samples."""
 
+    scrape_every_s = SAMPLE_S  # a pod's /metrics merges every process's: scraped less often
+
     def __init__(self, cfg: RigConfig, podman: Podman | None = None, tag: str = "run") -> None:
         self.cfg = cfg
         self.podman = podman or Podman()
@@ -294,8 +296,9 @@ class ContainerRig:
         return out.decode(errors="replace")
 
     async def start_publisher(
-        self, transport: str, duration_s: float
+        self, transport: str, duration_s: float, tag: str = ""
     ) -> asyncio.subprocess.Process:
+        """``tag`` tells this publisher's devices apart from another's on the same transport."""
         ld = self.cfg.load
         target = (
             ["--ws", f"ws://127.0.0.1:{self.ports['ws']}/v1/ingest"]
@@ -319,7 +322,7 @@ class ContainerRig:
                 "--drain-timeout",
                 "60",
                 "--device-prefix",
-                f"{self.name}-{transport}",
+                f"{self.name}-{transport}{tag}",
                 "--json",
             )
         )
@@ -340,9 +343,10 @@ class ContainerRig:
         rep: dict[str, Any] = json.loads(text[start:])
         return rep
 
-    async def _publish(self, duration_s: float) -> dict[str, Any]:
+    async def _publish(self, duration_s: float, tag: str = "") -> dict[str, Any]:
         """One publisher per transport; their summaries added up (``by_transport`` keeps each)."""
-        procs = [(t, await self.start_publisher(t, duration_s)) for t in self.cfg.load.transports]
+        transports = self.cfg.load.transports
+        procs = [(t, await self.start_publisher(t, duration_s, tag)) for t in transports]
         reps = [(t, await self._json_output(p, f"publisher ({t})")) for t, p in procs]
         total: dict[str, Any] = {"by_transport": dict(reps)}
         for key in (
@@ -383,7 +387,7 @@ class ContainerRig:
                 self._metrics = await self.scrape()
             except (OSError, TimeoutError, ValueError, IndexError):
                 self.scrape_errors += 1
-            await asyncio.sleep(max(0.0, t + SAMPLE_S - time.monotonic()))
+            await asyncio.sleep(max(0.0, t + self.scrape_every_s - time.monotonic()))
 
     async def _sample_loop(self) -> None:
         """Every 100 ms: the cgroup (limit, usage, anon, OOM counters), the bridge's RSS, and
@@ -406,7 +410,7 @@ class ContainerRig:
             if usage < 0 or not self.alive():
                 self._died()
                 return  # the container is gone: the final checks say why
-            anon, vmrss = process_rss(self.pid)
+            anon, vmrss = self.rss_now()
             try:
                 assert self.cgroup is not None
                 cg_anon = cgroup_anon(self.cgroup.memory_dir, self.cgroup.version)
@@ -419,6 +423,11 @@ class ContainerRig:
                 self.oom_end = self.cgroup.oom_counters() if self.cgroup else {}
             next_t += SAMPLE_S
             await asyncio.sleep(max(0.0, next_t - time.monotonic()))
+
+    def rss_now(self) -> tuple[int, int]:
+        """(anonymous + shmem RSS, VmRSS) that a sample records: the bridge's main process here;
+        a pod's rig (:mod:`benchmarks.container.pod_rig`) sums every process of the container."""
+        return process_rss(self.pid)
 
     def baseline_rss(self) -> int:
         """The bridge's resident set when it came up, as the governor measures its baseline
