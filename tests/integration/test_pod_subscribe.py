@@ -9,14 +9,17 @@ same server and handler answer both.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bridge.client import EdgeClient as SdkEdge
+from bridge.client import StreamSpec as SdkSpec
 from bridge.server import app as app_module
 from bridge.server.app import BridgeService
 from bridge.server.governor import Component
@@ -27,9 +30,12 @@ from bridge.v1 import bridge_pb2_grpc
 from loadgen.clouds import synthetic
 from loadgen.edge import EdgeClient, StreamConfig
 from tests.integration.harness import (
+    BridgeProcess,
     bridge_settings,
     grpc_target,
+    http_get,
     metric,
+    scraped,
     wait_until,
     ws_url,
 )
@@ -331,3 +337,56 @@ async def test_a_slow_viewer_gets_exact_gaps_for_sibling_frames_without_slowing_
                     b, "bridge_subscriber_dropped_total"
                 )
                 assert dropped >= announced
+
+
+async def settled(get: Callable[[], Awaitable[Any]], ok: Callable[[Any], bool]) -> Any:
+    """Poll ``get`` until ``ok`` holds for what it returns (15 s at most); returns it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while not ok(got := await get()):
+        assert loop.time() < deadline, got
+        await asyncio.sleep(0.05)
+    return got
+
+
+async def test_viewers_of_a_real_pod_see_the_devices_of_both_processes() -> None:
+    """``simbridge serve --processes 2`` (the supervisor, two ingest processes on one port pair):
+    each viewer's call lands on one process, yet sees every device of both, each once, in order."""
+    frames, viewers = 10, 3
+    async with AsyncExitStack() as stack:
+        proc = await BridgeProcess.start(
+            "--ws-port=0", "--grpc-port=0", "--http-port=0", "--processes=2", "--passthrough"
+        )
+        stack.callback(proc.kill)
+
+        async def per_process(name: str) -> list[float]:
+            status, body = await http_get(proc.http, "/metrics")
+            assert status == 200, body
+            return [sum(scraped(body, name, process=str(i))) for i in range(2)]
+
+        await settled(lambda: per_process("bridge_ready"), lambda r: r == [1, 1])
+        edges: list[SdkEdge] = []
+        while min(await per_process("bridge_sessions")) < 2:  # devices on both processes
+            assert len(edges) < 32, "the kernel put every connection on one process"
+            edge = SdkEdge(proc.ws_url, device_id=f"robot-{len(edges)}", streams=[SdkSpec("s")])
+            edges.append(await stack.enter_async_context(edge))
+            await settled(lambda: per_process("bridge_sessions"), lambda s: sum(s) == len(edges))
+        calls = []
+        for _ in range(viewers):  # one connection each: the kernel picks the process
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{proc.grpc}")
+            stack.push_async_callback(channel.close)
+            stub = bridge_pb2_grpc.VisualizationStub(channel)
+            calls.append(stub.Subscribe(pb.SubscribeRequest()))
+        for call in calls:
+            stack.callback(call.cancel)
+        # Each viewer is a subscriber in both processes: its own, and its relay's.
+        await settled(lambda: per_process("bridge_subscribers"), lambda s: s == [viewers] * 2)
+        cloud = np.zeros((4, 3), np.float32)
+        for edge in edges:
+            for _ in range(frames):
+                await edge.publish("s", cloud)
+        keys = [(f"robot-{n}", "s") for n in range(len(edges))]
+        for call in calls:
+            seqs = await read_until(call, through(frames, keys))
+            assert set(seqs) == set(keys)
+            assert all(s == list(range(1, frames + 1)) for s in seqs.values()), seqs
