@@ -183,8 +183,8 @@ async def test_a_viewer_on_one_process_sees_every_device_of_the_pod_once_in_orde
     async with pod_of(3) as pod:
         a, b, c = pod.members
         assert a is not None and b is not None and c is not None
-        async with viewer(a) as call:
-            assert await wait_until(lambda: followed_by_all(pod)), "siblings not followed"
+        async with viewer(a) as call, viewer(a, stream_ids=["imu"]) as imu_only:
+            assert await wait_until(lambda: followed_by_all(pod, viewers=2)), "not followed"
             async with (
                 edge_on(a, "dev-a") as ea,
                 edge_on(b, "dev-b") as eb,
@@ -194,9 +194,14 @@ async def test_a_viewer_on_one_process_sees_every_device_of_the_pod_once_in_orde
                     await publish(edge, frames)
                 keys = keys_of("dev-a", "dev-b", "dev-c")
                 seqs = await read_until(call, through(frames, keys))
+                imu_keys = [k for k in keys if k[1] == "imu"]
+                imu_seqs = await read_until(imu_only, through(frames, imu_keys))
         assert set(seqs) == set(keys)
         for key in keys:
             assert seqs[key] == list(range(1, frames + 1)), key
+        # The viewer's stream filter holds for the siblings' devices too.
+        assert set(imu_seqs) == set(imu_keys)
+        assert all(s == list(range(1, frames + 1)) for s in imu_seqs.values())
         # The internal calls passed without the viewer's token: the pod secret is theirs.
         assert metric(b, "bridge_unauthorized_requests_total", surface="subscribe") == 0
 
