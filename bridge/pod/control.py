@@ -44,6 +44,7 @@ class Peer:
         self.pid = pid
         self.writer = writer
         self.up: Message | None = None
+        self.last_share: dict[str, Any] | None = None
 
     def send(self, kind: str, **fields: Any) -> bool:
         if self.writer.is_closing():

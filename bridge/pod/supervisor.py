@@ -252,18 +252,18 @@ class Supervisor:
             if w["state"] == "up" and w["grpc_internal"]
         ]
         for slot in self.slots.values():
-            if slot.state != "up":
+            if slot.state != "up" or slot.peer is None:
                 continue
-            self.control.send(
-                slot.index,
-                "share",
-                memory_limit_bytes=plan.share.memory_limit_bytes,
-                cpu_cores=plan.share.cpu_cores,
-                workers=plan.share.workers,
-                processes=plan.count,
-                index=slot.index,
-                siblings=[s for s in siblings if s["index"] != slot.index],
-            )
+            share = {
+                "memory_limit_bytes": plan.share.memory_limit_bytes,
+                "cpu_cores": plan.share.cpu_cores,
+                "workers": plan.share.workers,
+                "processes": plan.count,
+                "index": slot.index,
+                "siblings": [s for s in siblings if s["index"] != slot.index],
+            }
+            if share != slot.peer.last_share and self.control.send(slot.index, "share", **share):
+                slot.peer.last_share = share  # sent once per change, to each incarnation
 
     async def _plan_loop(self) -> None:
         while True:
@@ -345,6 +345,7 @@ class Supervisor:
                 code,
                 HOLD_SECONDS,
             )
+            self.publish_metrics()
         delay = slot.backoff
         slot.backoff = min(slot.backoff * 2, self.settings.pod_restart_backoff_max_seconds)
         log.warning("process %d exited %d unasked; restarting in %g s", slot.index, code, delay)

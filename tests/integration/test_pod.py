@@ -32,7 +32,7 @@ FRAMES = 15
 
 
 class Pod:
-    def __init__(self, proc: BridgeProcess, sink: SinkServer, gaps: list[pb.Gap]) -> None:
+    def __init__(self, proc: BridgeProcess, sink: DelayedSink, gaps: list[pb.Gap]) -> None:
         self.proc, self.sink, self.gaps = proc, sink, gaps
 
     async def debug(self) -> dict[str, Any]:
@@ -50,6 +50,16 @@ class Pod:
         return sum(1 for w in await self.workers() if w["state"] == "up")
 
 
+class DelayedSink(SinkServer):
+    """Makes every batch durable ``delay`` seconds late (a stalled sink, when large)."""
+
+    delay = 0.0
+
+    async def _record_batch(self, batch: list[tuple[pb.ProcessedFrame, int]]) -> int:
+        await asyncio.sleep(self.delay)
+        return await super()._record_batch(batch)
+
+
 @asynccontextmanager
 async def pod(
     *args: str, sink_delay: float = 0.0, env: dict[str, str] | None = None
@@ -60,13 +70,9 @@ async def pod(
         if frame.gap.count:
             gaps.append(frame.gap)
 
-    class Sink(SinkServer):
-        async def _record_batch(self, batch: list[tuple[pb.ProcessedFrame, int]]) -> int:
-            await asyncio.sleep(sink_delay)
-            return await super()._record_batch(batch)
-
     async with AsyncExitStack() as stack:
-        sink = Sink(fsync=False, on_frame=on_frame)
+        sink = DelayedSink(fsync=False, on_frame=on_frame)
+        sink.delay = sink_delay
         await stack.enter_async_context(sink)
         proc = await BridgeProcess.start(
             "--ws-port=0",
@@ -113,8 +119,8 @@ async def device_life(pod: Pod, n: int, port: int, rounds: int = ROUNDS) -> Edge
 def assert_exactly_once(pod: Pod, devices: int, frames: int) -> None:
     for n in range(devices):
         st = pod.sink.record.streams[(f"robot-{n}", "s")]
-        assert (st.delivered, st.lost, st.highest) == (frames, 0, frames), (n, st.as_dict())
-        assert st.duplicates == 0, (n, st.as_dict())
+        assert (st.delivered, st.lost, st.highest) == (frames, 0, frames), (n, st.report())
+        assert st.duplicates == 0, (n, st.report())
     assert pod.gaps == [], f"gaps announced: {pod.gaps[:5]}"
 
 
@@ -150,7 +156,9 @@ async def _hello_only(port: int, device: str) -> str:
     hello = harness_hello(device, "s")
     async with websockets.connect(f"ws://127.0.0.1:{port}/v1/ingest") as ws:
         await ws.send(hello.SerializeToString())
-        reply = pb.BridgeMessage.FromString(await asyncio.wait_for(ws.recv(), 10))
+        raw = await asyncio.wait_for(ws.recv(), 10)
+        assert isinstance(raw, bytes)
+        reply = pb.BridgeMessage.FromString(raw)
         kind = reply.WhichOneof("kind")
         if kind == "error":
             return f"{pb.ErrorCode.Name(reply.error.code)}: {reply.error.message}"
