@@ -32,7 +32,7 @@ SINK_FAILURE_REASONS = ("ack_timeout", "handshake_timeout")
 # why one was not sent, and how sent ones ended.
 SINK_MARKS_SKIP_REASONS = ("cached", "in_flight", "rate", "stalled")
 SINK_MARKS_RESULTS = ("answered", "timeout", "failed")
-UNAUTHORIZED_SURFACES = ("http", "subscribe")
+UNAUTHORIZED_SURFACES = ("http", "subscribe", "pod")  # pod: internal calls (podfeed)
 # A Hello refused for a device whose session is on another live connection challenges that one
 # (bridge.server.challenge): what came of it.
 CHALLENGE_RESULTS = ("alive", "dead", "skipped", "unchecked")
