@@ -54,7 +54,7 @@ def _serve(argv: list[str]) -> int:
         print(f"simbridge: {busy[0]}", file=sys.stderr)
         return 2
     logs.configure(settings.log_format, settings.log_level)
-    for line in unknown:
+    for line in unknown if not os.environ.get(POD_CONTROL_ENV) else ():  # the pod's once
         log.warning("%s", line)
     if settings.tune_allocator:
         from bridge.server.memtrim import tune_allocator

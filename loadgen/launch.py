@@ -28,9 +28,18 @@ from typing import IO
 READY = "SIMBRIDGE_READY"
 
 
-def serve_command(*args: str, host: str = "127.0.0.1") -> list[str]:
-    """``python -m bridge.cli serve --host HOST ARGS`` with this interpreter."""
-    return [sys.executable, "-m", "bridge.cli", "serve", "--host", host, *args]
+def serve_command(*args: str, host: str = "127.0.0.1", processes: str = "1") -> list[str]:
+    """``python -m bridge.cli serve --host HOST --processes P ARGS`` with this interpreter.
+
+    One process unless asked (``processes``, or a ``--processes`` in ``ARGS``, which comes
+    later and wins): the runner, the benchmarks and the tests that launch through here measure
+    or drive one bridge process; ``serve``'s own default (auto) runs a pod of several on a
+    machine with several cores (docs/scaling.md), which they ask for explicitly."""
+    return [
+        *(sys.executable, "-m", "bridge.cli", "serve", "--host", host),
+        f"--processes={processes}",
+        *args,
+    ]
 
 
 def parse_ready(line: str, prefix: str = READY) -> dict[str, int] | None:

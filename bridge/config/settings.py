@@ -45,7 +45,7 @@ class Settings:
     # Ingest processes in the pod (docs/scaling.md "Processes in a pod"): auto (one per whole
     # core of the CPU quota, re-planned live on resize), N (exactly N) or max:K (auto, at most K).
     # 1 runs the bridge as a single process with no supervisor.
-    processes: str = "1"
+    processes: str = "auto"
     pod_claim_timeout_seconds: float = 5.0  # > release timeout + 1 s (a hung owner is passed over)
     pod_release_timeout_seconds: float = 2.0  # an owner delivers a moving device's frames within
     pod_restart_backoff_max_seconds: float = 30.0  # a crashed process restarts after 0.5 s, 1 s..

@@ -88,9 +88,10 @@ def _keys(node: object) -> list[str]:
 
 
 async def _serve_ring_budget(env: dict[str, str]) -> int:
-    """``simbridge serve`` with adaptation on: the ring budget it planned, from /metrics."""
+    """``simbridge serve`` with adaptation on: the ring budget it planned, from /metrics (one
+    process: ``resources`` prints the single process's plan; a pod splits it, its own test)."""
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "bridge.cli", "serve", "--host", "127.0.0.1"),
+        *(sys.executable, "-m", "bridge.cli", "serve", "--host", "127.0.0.1", "--processes=1"),
         *("--ws-port", "0", "--grpc-port", "0", "--http-port", "0", "--adapt"),
         env={**os.environ, **env},
         cwd=ROOT,
