@@ -223,7 +223,9 @@ class PodRig(ContainerRig):
             if time.monotonic() - t0 > timeout:
                 res.notes.append(
                     f"not settled after {timeout:.0f} s: plan {ps.planned} (expected {expected})"
-                    f", bridge_pod_processes {ps.n_after}, slots {', '.join(ps.states)}"
+                    f" for {res.seen_cpu} cores / {_mib(res.seen_memory)} MiB (cgroup "
+                    f"{res.cgroup_cpu} / {_mib(res.cgroup_memory)}), bridge_pod_processes "
+                    f"{ps.n_after}, slots {', '.join(ps.states) or 'none'}"
                 )
                 return
             await asyncio.sleep(0.25)
@@ -265,6 +267,10 @@ def _status(pid: int) -> tuple[int, int, int]:
 
     inner = fields.get("NSpid", "0").split()
     return kib("RssAnon") + kib("RssShmem"), kib("VmRSS"), int(inner[-1])
+
+
+def _mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / (1 << 20):.0f}"
 
 
 def _same(a: float | None, b: float | None) -> bool:
