@@ -152,15 +152,19 @@ class PodRig(ContainerRig):
         t0 = self.now()
         first = asyncio.ensure_future(super()._publish(duration_s, tag))
         waves = [first]
-        for k, i in enumerate(self.scenario.waves_after, 2):
-            started = asyncio.ensure_future(self._waves[i].wait())
-            await asyncio.wait({started, first}, return_when=asyncio.FIRST_COMPLETED)
-            started.cancel()
-            left = duration_s - (self.now() - t0)
-            if not self._waves[i].is_set() or left < 2.0:
-                break  # the run ended early (the first wave finished: it dies with the bridge)
-            waves.append(asyncio.ensure_future(super()._publish(left, f"{tag}-w{k}")))
-        reps = await asyncio.gather(*waves)
+        try:
+            for k, i in enumerate(self.scenario.waves_after, 2):
+                started = asyncio.ensure_future(self._waves[i].wait())
+                await asyncio.wait({started, first}, return_when=asyncio.FIRST_COMPLETED)
+                started.cancel()
+                left = duration_s - (self.now() - t0)
+                if not self._waves[i].is_set() or left < 2.0:
+                    break  # the run ended early (the first wave finished: it died with the bridge)
+                waves.append(asyncio.ensure_future(super()._publish(left, f"{tag}-w{k}")))
+            reps = await asyncio.gather(*waves)
+        finally:
+            for wave in waves:
+                wave.cancel()  # a wave failed or the run was cancelled: no task outlives it
         total: dict[str, Any] = {"waves": len(reps), "by_transport": {}}
         for k, rep in enumerate(reps, 1):
             for t, r in rep["by_transport"].items():
