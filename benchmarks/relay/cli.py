@@ -190,6 +190,7 @@ class ServerGroup:
 def bridge_process(sink: str, extra: Sequence[str] = ()) -> ServerProcess:
     cmd = [
         *(sys.executable, "-m", "bridge.cli", "serve", "--host", "127.0.0.1"),
+        "--processes=1",  # one bridge process per server (--bridge-procs starts several)
         *("--ws-port", "0", "--grpc-port", "0", "--http-port", "0"),
         *("--passthrough", "--no-adapt", "--sink-address", sink),
         *("--max-frame-bytes", str(MAX_FRAME_BYTES)),
