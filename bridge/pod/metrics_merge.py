@@ -1,5 +1,6 @@
 """One ``/metrics`` for a pod: the Prometheus text expositions of its ingest processes merged
-into one (docs/operations.md "A pod of several processes"). Sans-I/O: text in, text out; the fetching is ``bridge.pod.ops_http``.
+into one (docs/operations.md, "A pod"). Sans-I/O: text in, text out; the fetching is
+``bridge.pod.ops_http``.
 
 Why merge and not expose each process: Prometheus scrapes the pod's one ops port, and every
 dashboard, alert and capacity figure reads pod totals (frames received, delivered, refused).

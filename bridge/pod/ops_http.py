@@ -1,5 +1,5 @@
 """The pod's public ops port, served by the supervisor: ``/healthz``, ``/readyz``, ``/metrics``
-(every ingest process's, merged) and ``/debug/resources`` (docs/operations.md "A pod of several processes").
+(every ingest process's, merged) and ``/debug/resources`` (docs/operations.md, "A pod").
 
 Why on the supervisor's own event loop and not a probe child as in one process
 (``bridge.server.probe_child``): the supervisor runs no data plane, so nothing in it holds the

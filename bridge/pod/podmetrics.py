@@ -1,7 +1,7 @@
 """The supervisor's own metrics, in a registry of its own (never the global one): appended to the
-pod's merged ``/metrics`` (docs/operations.md "A pod of several processes"). Every name starts with ``bridge_pod_`` so that none
-meets a name an ingest process exports (the supervisor has no ``process_*`` collector: those
-names are the processes' own, kept per process in the merge)."""
+pod's merged ``/metrics`` (docs/operations.md, "A pod"). Every name starts with
+``bridge_pod_`` so that none meets a name an ingest process exports (the supervisor has no
+``process_*`` collector: those names are the processes' own, kept per process in the merge)."""
 
 from __future__ import annotations
 
