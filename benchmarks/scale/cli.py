@@ -1,20 +1,28 @@
-"""``make bench-scale``: aggregate frames/s and CPU per frame at N = 1, 2, 4, 8 bridge processes.
+"""``make bench-scale``: aggregate frames/s and CPU per frame of a real pod at N = 1, 2, 4, 8
+ingest processes.
 
-What it answers (issue 31, docs/scaling.md): does the multi-process ingest move more frames when
-given more cores, and what does each frame cost the event loops and the other threads, side by
-side in one run. Two workloads per N, against the same processes:
+What it answers (issue 31, docs/bench-scale.md): does the pod move more frames when given more
+cores, and what does each frame cost its event loops and its other threads, side by side in one
+run. Each N is one ``simbridge serve --processes N`` (``max:1`` for N = 1): the supervisor
+(:mod:`bridge.pod`) plans N, reserves the ports, starts the ingest processes and answers claims;
+the benchmark finds those processes' pids on the pod's ``/debug/resources``
+(:mod:`benchmarks.scale.pod`). Two workloads per N, against the same pod:
 
 - ``cloud``: 100k-point lidar-like clouds (xyz float32, 1.2 MB), decimated at a 0.2 m voxel;
 - ``1KB``: 1 KB passthrough frames, the loop-bound protocol path (no worker involved).
 
-The bridge is N ``simbridge serve --reuse-port`` processes on one port pair (the kernel spreads
-connections over them), ``--workers max(1, cores // N)`` each so processes x workers stays at the
-cores where it can. The load is closed-loop (the relay benchmark's clients and sink, in this
-process): each connection keeps ``window`` frames in flight and a sink arrival releases the next,
-so frames/s is what the whole system reaches, and every frame is checked to arrive exactly once and
-in order. CPU comes from /proc/PID/task/*/stat at the edges of the measured window: ``loop`` is
-each process's main thread (its event loop), ``other`` every other thread (decimation workers,
-gRPC's I/O threads), both summed over the processes and divided by the frames delivered.
+``--workers max(1, cores // N)`` per process, so processes x workers stays at the cores where it
+can. The load is closed-loop (the relay benchmark's clients and sink, in this process): each
+connection keeps ``window`` frames in flight and a sink arrival releases the next, so frames/s is
+what the whole system reaches, and every frame is checked to arrive exactly once and in order.
+CPU comes from /proc/PID/task/*/stat at the edges of the measured window: ``loop`` is each ingest
+process's main thread (its event loop), ``other`` every other thread (decimation workers, gRPC's
+I/O threads), both summed over the ingest processes and divided by the frames delivered; the
+supervisor's CPU is a column of its own. Memory: each ingest process's RSS idle and after the
+cells, the supervisor's beside it. After the cells of each N, a loop of connections one at a
+time times Hello→Welcome (where a pod's claim sits), against a single bridge without supervisor
+too, and the claim's round trip is timed alone against the supervisor's control server
+(:mod:`benchmarks.scale.connects`).
 
 Limits it states in its output, never silently:
 
@@ -23,11 +31,12 @@ Limits it states in its output, never silently:
   bound and CPU per frame is the figure to compare across N;
 - when the generator lagged (its event loop busy >= 85 % of a core in the window): the row's rate
   is bounded by the generator, not the bridge;
-- when N processes outnumber the cores they are pinned to.
+- when N processes outnumber the cores they are pinned to;
+- when other programs kept the machine busy (the ``rest`` column).
 
-``--cores N`` pins the bridge processes to N of this process's CPUs (``taskset``) and the
-generator to the rest, when any are left. The model printed at the end (rates at C cores
-from the per-frame costs measured at N = 1 and 2) is a model, not a measurement.
+``--cores N`` pins the pod to N of this process's CPUs (``taskset`` on the supervisor, which its
+processes inherit) and the generator to the rest, when any are left. The model printed at the end
+(rates at C cores from the per-frame costs measured at N = 1 and 2) is a model, not a measurement.
 """
 
 from __future__ import annotations
@@ -44,9 +53,10 @@ from typing import Any
 
 from benchmarks.hostinfo import cpu_description
 from benchmarks.relay.sink import BenchSink
+from benchmarks.scale.connects import ClaimRtt, ConnectTimes, claim_rtts, connect_loop
+from benchmarks.scale.pod import PodGroup
 from benchmarks.scale.report import format_report, model_rows, plot
-from benchmarks.scale.run import CellResult, GroupInfo, ScaleGroup, run_cell, workloads
-from loadgen.resize import rss_bytes
+from benchmarks.scale.run import CellResult, GroupInfo, end_memory, group_info, run_cell, workloads
 
 TRANSPORTS = ("ws", "grpc")
 WORKLOADS = ("cloud", "1KB")
@@ -88,6 +98,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workloads", type=_csv(str, WORKLOADS), default=list(WORKLOADS))
     p.add_argument("--cloud-conns", type=int, default=16, help="connections in cloud cells")
     p.add_argument("--small-conns", type=int, default=32, help="connections in 1KB cells")
+    p.add_argument(
+        "--connects",
+        type=int,
+        default=40,
+        help="Hello->Welcome loop per N: this many new devices, then reconnects (0: none)",
+    )
+    p.add_argument(
+        "--claims", type=int, default=500, help="claim round trips timed alone (0: none)"
+    )
     p.add_argument("--json", type=Path, metavar="PATH", help="write the results here")
     p.add_argument("--plot", type=Path, metavar="PNG", help="draw frames/s and CPU/frame here")
     ns = p.parse_args(argv)
@@ -95,6 +114,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--procs >= 1, --duration > 0, --warmup >= 0, --cores >= 0 please")
     if ns.rounds < 1:
         p.error("--rounds >= 1 please")
+    if ns.connects < 0 or ns.claims < 0:
+        p.error("--connects and --claims >= 0 please")
     if ns.cloud_conns < 1 or ns.small_conns < 1:
         p.error("--cloud-conns and --small-conns >= 1 please")
     return ns
@@ -124,14 +145,21 @@ async def run(ns: argparse.Namespace, bridge_cpus: list[int]) -> dict[str, Any]:
     await sink.start()
     groups: list[GroupInfo] = []
     cells: list[CellResult] = []
+    plain: ConnectTimes | None = None
     number = 0
     try:
+        if ns.connects:  # the reference: a single bridge, no supervisor, no claim
+            workers = workers_per_process(len(bridge_cpus), 1)
+            async with PodGroup(sink, 1, workers, bridge_cpus, plain=True) as single:
+                await asyncio.sleep(1.0)
+                plain = await connect_loop(single.address("ws"), "plain", 1, ns.connects, "plain")
         for rnd in range(1, ns.rounds + 1):
             for procs in ns.procs:
                 workers = workers_per_process(len(bridge_cpus), procs)
-                async with ScaleGroup(sink, procs, workers, bridge_cpus) as group:
+                group = PodGroup(sink, procs, workers, bridge_cpus)
+                async with group:
                     await asyncio.sleep(1.0)  # settle: imports done, first timers run
-                    info = group.info(rnd)
+                    info = group_info(group, rnd)
                     for load in loads.values():
                         number += 1
                         cell = await run_cell(
@@ -143,11 +171,17 @@ async def run(ns: argparse.Namespace, bridge_cpus: list[int]) -> dict[str, Any]:
                             file=sys.stderr,
                             flush=True,
                         )
-                    info.end_rss = [rss_bytes(p) for p in group.pids]
-                    groups.append(info)
+                    end_memory(info, group)
+                    if ns.connects:
+                        info.connects = await connect_loop(
+                            group.address("ws"), "pod", procs, ns.connects, f"r{rnd}n{procs}"
+                        )
+                info.exit_code = group.exit_code
+                groups.append(info)
     finally:
         await sink.stop()
-    return {"groups": groups, "cells": cells}
+    claims = await asyncio.to_thread(claim_rtts, ns.claims) if ns.claims else None
+    return {"groups": groups, "cells": cells, "plain": plain, "claims": claims}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -174,11 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = uvloop.run(run(ns, bridge_cpus))
     cells: list[CellResult] = results["cells"]
     groups: list[GroupInfo] = results["groups"]
+    plain: ConnectTimes | None = results["plain"]
+    claims: ClaimRtt | None = results["claims"]
     model = model_rows(cells)
     config = {
         k: (str(v) if isinstance(v, Path) else v) for k, v in vars(ns).items() if k not in ("json",)
     }
-    print(format_report(host, config, groups, cells, model), flush=True)
+    print(format_report(host, config, groups, cells, model, plain, claims), flush=True)
     if ns.plot is not None:
         plot(cells, host, ns.plot)
         print(f"# plot: {ns.plot}")
@@ -189,10 +225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "groups": [asdict(g) for g in groups],
             "cells": [asdict(c) for c in cells],
             "model": model,
+            "connects_plain": asdict(plain) if plain is not None else None,
+            "claim_rtt": asdict(claims) if claims is not None else None,
         }
         ns.json.parent.mkdir(parents=True, exist_ok=True)
         ns.json.write_text(json.dumps(doc, indent=1) + "\n")  # NaN: a figure not measured
-    return 1 if any(c.errors for c in cells) else 0
+    failed = any(c.errors for c in cells) or any(g.exit_code != 0 for g in groups)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.scale.connects import ClaimRtt, ConnectTimes
+from benchmarks.scale.explain import comparison_lines
 from benchmarks.scale.run import GEN_LOOP_LAGGED, CellResult, GroupInfo
 
 MiB = 1 << 20
@@ -33,6 +35,10 @@ class Summary:
     loop_us: float
     other_us: float
     gen_us: float
+    wakeups: float  # per 1000 frames
+    preempted: float  # per 1000 frames
+    conns: int
+    frames: float  # delivered in the measured window
 
     @property
     def cpu_us(self) -> float:
@@ -55,6 +61,10 @@ def summary(cells: Sequence[CellResult], workload: str, procs: int) -> Summary |
         statistics.fmean(c.loop_us_per_frame for c in ok),
         statistics.fmean(c.other_us_per_frame for c in ok),
         statistics.fmean(c.gen_us_per_frame for c in ok),
+        statistics.fmean(c.wakeups_per_kframe for c in ok),
+        statistics.fmean(c.preempted_per_kframe for c in ok),
+        ok[0].conns,
+        statistics.fmean(c.frames for c in ok),
     )
 
 
@@ -120,10 +130,13 @@ def format_report(
     groups: Sequence[GroupInfo],
     cells: Sequence[CellResult],
     model: dict[str, Any],
+    plain: ConnectTimes | None = None,
+    claims: ClaimRtt | None = None,
 ) -> str:
     ncpu = len(host["bridge_cpus"])
     lines = [
-        f"# bench-scale: N x `simbridge serve --reuse-port`, closed-loop edges over "
+        "# bench-scale: one pod per N, `simbridge serve --processes N` (max:1 for N = 1): the "
+        "supervisor and N ingest processes found on its /debug/resources; closed-loop edges over "
         f"{config['transport']}, {config['duration']:g} s per cell after {config['warmup']:g} s",
         f"# CPU: {host['cpu']}; nproc {host['nproc']}; "
         f"bridge on CPUs {_cpus(host['bridge_cpus'])}, "
@@ -142,12 +155,14 @@ def format_report(
     lines.append(
         "# cloud: 100k-point lidar clouds, 1.2 MB, decimated at 0.2 m; 1KB: 1 KB passthrough "
         "frames. loop = the processes' event loops (main threads), other = every other thread "
-        "(decimation workers, gRPC I/O); us per delivered frame, summed over the processes"
+        "(decimation workers, gRPC I/O); us per delivered frame, summed over the ingest "
+        "processes; the supervisor apart (sup)"
     )
     lines.append("")
     head = (
         f"{'workload':>8} {'N':>2} {'rd':>2} {'wk':>2} {'frames/s':>9} {'xN=1':>5} {'loop us':>8} "
-        f"{'other us':>8} {'decim us':>8} {'bridge':>6} {'max loop':>8} {'gen loop':>8} "
+        f"{'other us':>8} {'decim us':>8} {'wake/kf':>7} {'pre/kf':>6} {'bridge':>6} "
+        f"{'sup':>5} {'sup us':>6} {'max loop':>8} {'gen loop':>8} "
         f"{'gen us':>7} {'machine':>7} {'rest':>5} {'gen':>6} {'errors':>6}  loop split %"
     )
     lines.append(head)
@@ -163,8 +178,10 @@ def format_report(
                 f"{c.workload:>8} {c.procs:>2} {c.round:>2} {group.workers if group else 0:>2} "
                 f"{c.frames_per_s:>9.0f} {_f(speedup, '%.2f'):>5} "
                 f"{_f(c.loop_us_per_frame, '%.1f'):>8} {_f(c.other_us_per_frame, '%.1f'):>8} "
-                f"{_f(c.decimate_us_per_frame, '%.1f'):>8} "
-                f"{c.bridge_cores:>6.2f} {c.loop_cores_max:>8.2f} "
+                f"{_f(c.decimate_us_per_frame, '%.1f'):>8} {_f(c.wakeups_per_kframe, '%.0f'):>7} "
+                f"{_f(c.preempted_per_kframe, '%.0f'):>6} "
+                f"{c.bridge_cores:>6.2f} {c.supervisor_cores:>5.3f} "
+                f"{_f(c.supervisor_us_per_frame, '%.2f'):>6} {c.loop_cores_max:>8.2f} "
                 f"{c.gen_loop_cores:>8.2f} {_f(c.gen_us_per_frame, '%.1f'):>7} "
                 f"{c.machine_cores:>7.2f} {c.rest_cores:>5.2f} "
                 f"{'LAGGED' if c.gen_lagged else 'ok':>6} "
@@ -174,14 +191,25 @@ def format_report(
     lines.append(
         "# columns: rd = round; wk = decimation workers per process; decim us = a worker's wall "
         "time per frame decimating and encoding (bridge_decimation_seconds; above the CPU when "
-        "it waited for a core or the GIL); bridge / "
+        "it waited for a core or the GIL); wake/kf, pre/kf = the loops' wake-ups "
+        "(voluntary context switches of the main threads: epoll found nothing to do) and "
+        "preemptions (involuntary ones: the core went to another thread) per 1000 frames; "
+        "bridge = the ingest processes; sup = the supervisor (cores, and us per frame); bridge / "
         "max loop / gen loop / machine / rest in cores (max loop: the busiest process's loop, "
-        "1.0 = full; rest: the machine minus bridge and generator, others' work); xN=1 against "
+        "1.0 = full; rest: the machine minus pod and generator, others' work); xN=1 against "
         "N = 1's mean over the rounds; gen = the generator's loop "
         f"(>= {GEN_LOOP_LAGGED:.2f} core: LAGGED)"
     )
     lines += _statements(cells, groups, ncpu)
     lines += _memory(groups)
+    lines += _connect_lines(groups, plain, claims)
+    lines += comparison_lines(
+        summary(cells, "cloud", 1),
+        summary(cells, "cloud", 2),
+        summary(cells, "1KB", 1),
+        summary(cells, "1KB", 2),
+        _claim_cost_us(groups, plain, claims),
+    )
     lines += _model_text(model, host)
     return "\n".join(lines)
 
@@ -239,20 +267,77 @@ def _statements(cells: Sequence[CellResult], groups: Sequence[GroupInfo], ncpu: 
             f"({one.cpu_us:.1f} -> {two.cpu_us:.1f} us; loop {loop:+.1f} %; "
             f"means over {min(one.rounds, two.rounds)} round(s))"
         )
+    bad_exit = [f"N={g.procs} rd {g.round}: {g.exit_code}" for g in groups if g.exit_code != 0]
+    if bad_exit:
+        out.append(
+            "# POD EXIT: the pod did not exit 0 after SIGTERM (something undelivered) in "
+            + ", ".join(bad_exit)
+        )
     return out
 
 
 def _memory(groups: Sequence[GroupInfo]) -> list[str]:
-    out = []
+    out = ["# memory (MiB): each ingest process idle (before the cells) and after them; the "
+           "supervisor beside"]  # fmt: skip
     for g in groups:
         idle = ", ".join(f"{r / MiB:.0f}" for r in g.idle_rss)
         pss = ", ".join(f"{r / MiB:.0f}" for r in g.idle_pss)
         end = ", ".join(f"{r / MiB:.0f}" for r in g.end_rss)
         out.append(
-            f"# N={g.procs} rd {g.round}: RSS MiB per process idle [{idle}] (PSS [{pss}]), "
-            f"after [{end}]"
+            f"# N={g.procs} rd {g.round}: ingest RSS idle [{idle}] (PSS [{pss}]), after [{end}]; "
+            f"supervisor (pid {g.supervisor_pid}) RSS {g.supervisor_idle_rss / MiB:.0f} idle, "
+            f"{g.supervisor_end_rss / MiB:.0f} after; pids {g.pids}; plan: {g.plan}"
         )
     return out
+
+
+def _timing(t: Any) -> str:
+    return f"{_f(t.p50_ms, '%.2f')} / {_f(t.p90_ms, '%.2f')}"
+
+
+def _connect_lines(
+    groups: Sequence[GroupInfo], plain: ConnectTimes | None, claims: ClaimRtt | None
+) -> list[str]:
+    rows = ([plain] if plain is not None else []) + [g.connects for g in groups if g.connects]
+    if not rows and claims is None:
+        return []
+    out = [
+        "",
+        "# session setup, connections one at a time (ms, p50 / p90): connect = TCP + WebSocket "
+        "upgrade; hello = Hello -> Welcome of a new device (a pod's claim sits here); resume = "
+        "one device reconnecting (at N > 1 it lands on any process: a move is claim + release)",
+        f"{'bridge':>14} {'N':>2} {'n':>4} {'connect':>13} {'hello':>13} {'resume':>13}",
+    ]
+    for r in rows:
+        label = "single (no pod)" if r.label == "plain" else "pod"
+        out.append(
+            f"{label:>14} {r.procs:>2} {r.hello_welcome.count:>4} {_timing(r.connect):>13} "
+            f"{_timing(r.hello_welcome):>13} {_timing(r.resume_hello_welcome):>13}"
+            + (f"  ERRORS: {'; '.join(r.errors)}" if r.errors else "")
+        )
+    if claims is not None:
+        out.append(
+            "# claim round trip alone (claim -> claimed over the supervisor's Unix control "
+            f"socket, its real control server and ownership table, {claims.rtt.count} claims): "
+            f"p50 {1e3 * claims.rtt.p50_ms:.0f} us, p90 {1e3 * claims.rtt.p90_ms:.0f} us, mean "
+            f"{claims.mean_us:.0f} us; the supervisor's CPU "
+            f"{claims.supervisor_cpu_us_per_claim:.0f} us per claim"
+            + (f"  ERRORS: {'; '.join(claims.errors)}" if claims.errors else "")
+        )
+    return out
+
+
+def _claim_cost_us(
+    groups: Sequence[GroupInfo], plain: ConnectTimes | None, claims: ClaimRtt | None
+) -> float:
+    """What one claim adds to a session's setup: the pod's Hello->Welcome at N = 1 minus the
+    single bridge's when both were measured, else the round trip measured alone."""
+    pod1 = [g.connects for g in groups if g.procs == 1 and g.connects is not None]
+    if plain is not None and pod1:
+        diff = statistics.fmean(c.hello_welcome.p50_ms for c in pod1) - plain.hello_welcome.p50_ms
+        if math.isfinite(diff):
+            return max(0.0, 1e3 * diff)
+    return claims.mean_us if claims is not None else float("nan")
 
 
 def _model_text(model: dict[str, Any], host: dict[str, Any]) -> list[str]:

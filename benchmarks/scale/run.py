@@ -1,39 +1,38 @@
-"""One process count of ``make bench-scale`` (:mod:`benchmarks.scale.cli`): N ``simbridge serve
---reuse-port`` processes on one port pair, the relay benchmark's closed-loop clients and sink in
-this process, and the CPU of every thread of every process, cut at the measured window.
+"""One process count of ``make bench-scale`` (:mod:`benchmarks.scale.cli`): one real pod
+(``simbridge serve --processes N``: the supervisor and its N ingest processes,
+:mod:`benchmarks.scale.pod`), the relay benchmark's closed-loop clients and sink in this process,
+and the CPU of every thread of every process, cut at the measured window.
 
-Reused from the relay benchmark (:mod:`benchmarks.relay.cli`): the process group (shared ports, each
-process with its own push stream to the sink), the sink (watermark first, cumulative acks; every
-arrival routed to its connection, order and exactly-once checked) and the clients (``window``
-frames in flight per connection, a sink arrival releases the next send). What this adds: a
-decimating workload (the relay's clients declare passthrough streams), CPU split per thread
-(event loop = each process's main thread; ``other`` = every other thread: decimation workers,
-gRPC's I/O threads), the generator's own loop CPU, and affinity pinning.
+Reused from the relay benchmark (:mod:`benchmarks.relay.cli`): the sink (watermark first,
+cumulative acks; every arrival routed to its connection, order and exactly-once checked) and the
+clients (``window`` frames in flight per connection, a sink arrival releases the next send).
+What this adds: a decimating workload (the relay's clients declare passthrough streams), CPU
+split per thread (event loop = each ingest process's main thread; ``other`` = every other
+thread: decimation workers, gRPC's I/O threads), the loops' wake-ups, the supervisor's CPU
+apart, the generator's own loop CPU, and affinity pinning.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from benchmarks.relay.cli import ServerGroup
 from benchmarks.relay.clients import GrpcClient, Payload, WsClient, bridge_encoder
 from benchmarks.relay.common import DRAIN_TIMEOUT, Cell
+from benchmarks.scale.connects import ConnectTimes
+from benchmarks.scale.pod import VOXEL, PodGroup, http_get
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.clouds import lidar_xyzi
 from loadgen.resize import rss_bytes
 
 TICK = os.sysconf("SC_CLK_TCK")
 CLOUD_POINTS = 100_000
-VOXEL = 0.2
 #: The generator's event loop busy this share of one core or more: it, not the bridge, may have
 #: set the pace (its rows are lower bounds).
 GEN_LOOP_LAGGED = 0.85
@@ -116,6 +115,30 @@ def thread_cpu(pid: int) -> tuple[float, float]:
     return main, other
 
 
+def loop_switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of the main thread (the event loop): it went to
+    sleep in epoll with nothing to do / the kernel took the core from it for another thread.
+    Per frame, the first says how many frames a loop handles per wake-up, the second how often
+    it was preempted (cores shared with the other loops, the workers, the generator)."""
+    counts = {"voluntary_ctxt_switches": 0, "nonvoluntary_ctxt_switches": 0}
+    try:
+        for line in Path(f"/proc/{pid}/task/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in counts:
+                counts[key] = int(value)
+    except (OSError, ValueError):
+        pass
+    return counts["voluntary_ctxt_switches"], counts["nonvoluntary_ctxt_switches"]
+
+
+def process_cpu(pid: int | None) -> float:
+    """Every thread of ``pid``, CPU seconds (0 for None)."""
+    if pid is None:
+        return 0.0
+    main, other = thread_cpu(pid)
+    return main + other
+
+
 def machine_busy_seconds() -> float:
     """Busy CPU seconds of the whole machine so far (all CPUs, steal included)."""
     try:
@@ -141,14 +164,10 @@ DECIMATE_SUM = "bridge_decimation_seconds_sum"
 
 
 async def metric_sum(port: int, name: str) -> float:
-    """Sum of one metric's samples on a bridge's /metrics; NaN when it does not answer."""
-    try:
-        async with asyncio.timeout(2):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
-            body = (await reader.read()).decode(errors="replace")
-            writer.close()
-    except (OSError, TimeoutError):
+    """Sum of one metric's samples on the pod's merged /metrics (counters and histograms summed
+    over the processes); NaN when it does not answer."""
+    status, body = await http_get(port, "/metrics", timeout=5)
+    if status != 200:
         return float("nan")
     total = 0.0
     for line in body.splitlines():
@@ -160,27 +179,34 @@ async def metric_sum(port: int, name: str) -> float:
 @dataclass
 class Snapshot:
     t_ns: int
-    loops: list[float]  # per bridge process, main thread
-    others: list[float]  # per bridge process, every other thread
+    loops: list[float]  # per ingest process, main thread
+    others: list[float]  # per ingest process, every other thread
+    wakeups: int  # the ingest processes' loops' voluntary switches, summed
+    preempted: int  # their involuntary switches, summed
+    supervisor: float  # the supervisor, all threads
     gen_loop: float  # this process's main thread
     gen_total: float  # this process, all threads
     busy: float  # the machine
-    decimate: float = 0.0  # seconds in the decimation kernel, all processes (their /metrics)
+    decimate: float = 0.0  # seconds in the decimation kernel, all processes (/metrics)
 
     @classmethod
-    async def take(cls, pids: Sequence[int], http_ports: Sequence[int] = ()) -> Snapshot:
-        spent = await asyncio.gather(*(metric_sum(p, DECIMATE_SUM) for p in http_ports))
+    def take(cls, pids: Sequence[int], supervisor: int | None) -> Snapshot:
+        """CPU only: the /metrics scrape is taken outside the window (:meth:`with_decimate`),
+        so its cost (the processes' renders, the supervisor's merge) is in no row."""
         split = [thread_cpu(p) for p in pids]
+        switches = [loop_switches(p) for p in pids]
         gen_loop, _ = thread_cpu(os.getpid())
         times = os.times()
         return cls(
             time.time_ns(),
             [s[0] for s in split],
             [s[1] for s in split],
+            sum(v for v, _ in switches),
+            sum(i for _, i in switches),
+            process_cpu(supervisor),
             gen_loop,
             times.user + times.system,
             machine_busy_seconds(),
-            sum(spent),
         )
 
 
@@ -202,7 +228,11 @@ class CellResult:
     loop_us_per_frame: float  # every process's event loop, summed, per frame
     other_us_per_frame: float  # every other bridge thread (workers, gRPC I/O), per frame
     decimate_us_per_frame: float  # workers' wall time decimating + encoding (/metrics), per frame
-    bridge_cores: float  # the bridge processes' CPU, in cores
+    bridge_cores: float  # the ingest processes' CPU, in cores
+    supervisor_cores: float  # the supervisor's CPU, in cores (not in loop/other)
+    supervisor_us_per_frame: float
+    wakeups_per_kframe: float  # the loops' wake-ups (voluntary switches) per 1000 frames
+    preempted_per_kframe: float  # the loops' involuntary switches per 1000 frames
     loop_cores_max: float  # the busiest process's loop, in cores (1.0 = that loop is full)
     loop_share: list[float]  # each process's share of the loop CPU (the kernel's spread)
     gen_loop_cores: float  # the generator's event loop (clients + sink), in cores
@@ -215,6 +245,10 @@ class CellResult:
     completed: int
     pauses: int
     errors: list[str] = field(default_factory=list)
+
+
+def _per_kframe(count: int, frames: int) -> float:
+    return 1e3 * count / frames if frames > 0 else float("nan")
 
 
 def _per_frame(cpu_s: float, frames: int) -> float:
@@ -234,6 +268,7 @@ def cell_result(
     window = (b.t_ns - a.t_ns) / 1e9 or float("nan")  # nan: the cell failed before measuring
     frames = sum(1 for t in cell.arrivals if a.t_ns <= t < b.t_ns)
     loops = [y - x for x, y in zip(a.loops, b.loops, strict=True)]
+    supervisor = b.supervisor - a.supervisor
     others = [y - x for x, y in zip(a.others, b.others, strict=True)]
     loop_total = sum(loops)
     gen_loop = (b.gen_loop - a.gen_loop) / window
@@ -255,13 +290,17 @@ def cell_result(
         other_us_per_frame=_per_frame(sum(others), frames),
         decimate_us_per_frame=_per_frame(b.decimate - a.decimate, frames),
         bridge_cores=bridge_cores,
+        supervisor_cores=supervisor / window,
+        supervisor_us_per_frame=_per_frame(supervisor, frames),
+        wakeups_per_kframe=_per_kframe(b.wakeups - a.wakeups, frames),
+        preempted_per_kframe=_per_kframe(b.preempted - a.preempted, frames),
         loop_cores_max=max(loops, default=0.0) / window,
         loop_share=[round(v / loop_total, 3) if loop_total else 0.0 for v in loops],
         gen_loop_cores=gen_loop,
         gen_cores=gen_cores,
         gen_us_per_frame=_per_frame(b.gen_total - a.gen_total, frames),
         machine_cores=machine,
-        rest_cores=max(0.0, machine - bridge_cores - gen_cores),
+        rest_cores=max(0.0, machine - bridge_cores - supervisor / window - gen_cores),
         gen_lagged=gen_loop >= GEN_LOOP_LAGGED,
         sent=cell.sent,
         completed=cell.completed,
@@ -279,87 +318,43 @@ class GroupInfo:
     procs: int
     workers: int  # decimation workers per process
     bridge_cpus: list[int]
-    idle_rss: list[int]
+    supervisor_pid: int | None
+    pids: list[int]  # the ingest processes, from the pod's /debug/resources
+    plan: str  # the plan's reason for N (/debug/resources)
+    idle_rss: list[int]  # per ingest process, before the first cell
     idle_pss: list[int]
-    end_rss: list[int] = field(default_factory=list)
+    supervisor_idle_rss: int
+    end_rss: list[int] = field(default_factory=list)  # after the last cell
+    supervisor_end_rss: int = 0
+    connects: ConnectTimes | None = None
+    exit_code: int | None = None  # the pod's, after SIGTERM (0: every process delivered all)
 
 
-def cpu_list(cpus: Sequence[int]) -> str:
-    return ",".join(str(c) for c in sorted(cpus))
+def group_info(group: PodGroup, rnd: int) -> GroupInfo:
+    sup = group.supervisor_pid
+    return GroupInfo(
+        round=rnd,
+        procs=group.procs,
+        workers=group.workers,
+        bridge_cpus=group.cpus,
+        supervisor_pid=sup,
+        pids=list(group.pids),
+        plan=group.plan_reason(),
+        idle_rss=[rss_bytes(p) for p in group.pids],
+        idle_pss=[pss_bytes(p) for p in group.pids],
+        supervisor_idle_rss=rss_bytes(sup) if sup else 0,
+    )
 
 
-def pin_threads(pid: int, cpus: Sequence[int]) -> None:
-    """Every thread of ``pid`` onto ``cpus`` (threads started later inherit it)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        os.sched_setaffinity(int(task.name), cpus)
-
-
-class ScaleGroup:
-    """N bridge processes sharing their ports (``--reuse-port``) pushing to ``sink``, pinned to
-    ``cpus`` (``taskset``; or ``sched_setaffinity`` on every thread after the start)."""
-
-    def __init__(self, sink: Any, procs: int, workers: int, cpus: Sequence[int]) -> None:
-        self.sink = sink
-        self.procs = procs
-        self.workers = workers
-        self.cpus = sorted(cpus)
-        args = [
-            *("--no-passthrough", "--voxel-size", str(VOXEL)),
-            *("--workers", str(workers)),
-        ]
-        self.group = ServerGroup(sink.address, args, procs)
-        taskset = shutil.which("taskset")
-        self._pin_after = taskset is None
-        if taskset is not None:
-            for server in self.group.servers:
-                server.cmd = [taskset, "-c", cpu_list(self.cpus), *server.cmd]
-
-    @property
-    def pids(self) -> list[int]:
-        return [s.child.proc.pid for s in self.group.servers if s.child is not None]
-
-    async def __aenter__(self) -> ScaleGroup:
-        before = self.sink.bridge_streams
-        try:
-            await self.group.spawn()
-            await self.group.wait_ready()
-            if self._pin_after:
-                for pid in self.pids:
-                    pin_threads(pid, self.cpus)
-            deadline = time.monotonic() + 30
-            while self.sink.bridge_streams < before + self.procs:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the bridge processes did not connect to the sink in 30 s")
-                await asyncio.sleep(0.02)
-        except BaseException:
-            await self.group.stop()
-            raise
-        return self
-
-    async def __aexit__(self, *_exc: object) -> None:
-        await self.group.stop()
-
-    def info(self, rnd: int) -> GroupInfo:
-        return GroupInfo(
-            round=rnd,
-            procs=self.procs,
-            workers=self.workers,
-            bridge_cpus=self.cpus,
-            idle_rss=[rss_bytes(p) for p in self.pids],
-            idle_pss=[pss_bytes(p) for p in self.pids],
-        )
-
-    @property
-    def http_ports(self) -> list[int]:
-        return [s.ports["http"] for s in self.group.servers if "http" in s.ports]
-
-    def address(self, transport: str) -> str:
-        return f"127.0.0.1:{self.group.ports[transport]}"
+def end_memory(info: GroupInfo, group: PodGroup) -> None:
+    info.end_rss = [rss_bytes(p) for p in group.pids]
+    sup = group.supervisor_pid
+    info.supervisor_end_rss = rss_bytes(sup) if sup else 0
 
 
 async def run_cell(
     rnd: int,
-    group: ScaleGroup,
+    group: PodGroup,
     number: int,
     workload: Workload,
     transport: str,
@@ -377,16 +372,18 @@ async def run_cell(
     sink.cell = cell
     stop = asyncio.Event()
     senders: list[asyncio.Task[None]] = []
-    pids = group.pids
-    http = group.http_ports
-    a = b = await Snapshot.take(pids)
+    pids, sup = group.pids, group.supervisor_pid
+    a = b = Snapshot.take(pids, sup)
     try:
         await asyncio.gather(*(c.open(group.address(transport)) for c in clients))
         senders = [asyncio.create_task(c.send_loop(stop)) for c in clients]
         await asyncio.sleep(warmup)
-        a = await Snapshot.take(pids, http)
+        decimate_a = await metric_sum(group.http_port, DECIMATE_SUM)  # outside the window
+        a = Snapshot.take(pids, sup)
         await asyncio.sleep(seconds)
-        b = await Snapshot.take(pids, http)
+        b = Snapshot.take(pids, sup)
+        decimate_b = await metric_sum(group.http_port, DECIMATE_SUM)
+        a.decimate, b.decimate = decimate_a, decimate_b
         stop.set()
         deadline = time.monotonic() + DRAIN_TIMEOUT
         while cell.completed < cell.sent or not all(t.done() for t in senders):
@@ -409,4 +406,5 @@ async def run_cell(
         errors += conn.errors
     if cell.stray:
         errors.append(f"{cell.stray} arrivals from unknown connections")
+    errors += await group.check_processes()
     return cell_result(rnd, group.procs, workload, transport, cell, a, b, errors)
