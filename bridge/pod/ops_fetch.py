@@ -22,6 +22,8 @@ class Fetched:
     body: bytes | None
     error: str = ""
     detail: str = ""
+    status: int = 0  # the response's status (0: none)
+    said: bytes = b""  # its body whatever the status
 
 
 async def fetch(address: str, path: str, *, token: str, max_body: int, seconds: float) -> Fetched:
@@ -42,12 +44,30 @@ async def fetch(address: str, path: str, *, token: str, max_body: int, seconds: 
         return Fetched(None, "unreachable", str(exc))
 
 
-async def _get(host: str, port: int, address: str, path: str, token: str, limit: int) -> Fetched:
+async def post(
+    address: str, path: str, *, token: str, max_body: int, seconds: float
+) -> tuple[int, bytes]:
+    """POST ``path`` (no body) to ``address``: the answer's status and body, whatever the status
+    (a route's 4xx is an answer to pass on); (0, reason) when there was none."""
+    host, _, port = address.rpartition(":")
+    try:
+        async with asyncio.timeout(seconds):
+            got = await _get(host.strip("[]"), int(port), address, path, token, max_body, "POST")
+    except (TimeoutError, OSError, ValueError) as exc:
+        return 0, str(exc).encode() or b"timeout"
+    return got.status, got.said or got.detail.encode()
+
+
+async def _get(
+    host: str, port: int, address: str, path: str, token: str, limit: int, method: str = "GET"
+) -> Fetched:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        length = "Content-Length: 0\r\n" if method == "POST" else ""
         writer.write(
-            f"GET {path} HTTP/1.1\r\nHost: {address}\r\n{auth}Connection: close\r\n\r\n".encode()
+            f"{method} {path} HTTP/1.1\r\nHost: {address}\r\n{auth}{length}"
+            "Connection: close\r\n\r\n".encode()
         )
         data = bytearray()
         while chunk := await reader.read(READ_CHUNK):
@@ -67,8 +87,9 @@ def _response(data: bytes, limit: int) -> Fetched:
         return Fetched(None, "status", "no complete response head")
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or parts[1] != b"200":
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
         return Fetched(None, "status", lines[0][:100].decode("latin-1"))
+    status = int(parts[1])
     length: int | None = None
     for line in lines[1:]:
         name, _, value = line.partition(b":")
@@ -84,4 +105,6 @@ def _response(data: bytes, limit: int) -> Fetched:
         return Fetched(None, "too_large", f"over {limit} bytes")
     if length is not None and len(body) != length:
         return Fetched(None, "unreachable", f"body of {len(body)} bytes, {length} announced")
-    return Fetched(body)
+    if status != 200:  # no body to use; what it said is kept for a POST's caller
+        return Fetched(None, "status", lines[0][:100].decode("latin-1"), status, body)
+    return Fetched(body, status=status, said=body)

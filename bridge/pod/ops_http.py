@@ -33,7 +33,7 @@ from typing import Any, cast
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from bridge.pod import metrics_merge
+from bridge.pod import metrics_merge, ops_fetch
 from bridge.pod.metrics_merge import PodMerge, Refused
 from bridge.pod.ops_fetch import Fetched, fetch
 from bridge.pod.podmetrics import PodMetrics
@@ -48,6 +48,7 @@ MAX_CONNECTIONS = 256
 FETCH_SECONDS = 3.0  # a process answers its /metrics or /debug/resources within this
 STALE_SECONDS = 5.0  # a process's gauges are shown this long after its last good /metrics
 MAX_DEBUG_BYTES = 1024 * 1024  # one process's /debug/resources
+REBALANCE_ROUTE = "/admin/rebalance"  # bridge.server.rebalance's, forwarded to every process
 INLINE_PARSE_BYTES = 256 * 1024  # a larger exposition is parsed on a thread
 SLICE_SECONDS = 0.005  # the render yields to the loop this often
 _REASONS = {
@@ -147,9 +148,11 @@ class PodOpsServer:
             method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
         except ValueError:
             return b"", None
+        path, _, query = target.partition("?")
+        if method == "POST" and path == REBALANCE_ROUTE:
+            return self._post_rebalance(head, query)
         if method not in ("GET", "HEAD"):
             return response(method, (405, "text/plain", b"method not allowed\n")), None
-        path = target.split("?", 1)[0]
         if self.needs_token(path) and not self.authorized(head):
             self.metrics.unauthorized.inc()
             return response(method, (401, "text/plain", b"bearer token required\n")), None
@@ -164,6 +167,45 @@ class PodOpsServer:
         if path == "/debug/resources":
             return b"", self.debug_answer
         return response(method, (404, "text/plain", b"not found\n")), None
+
+    # -- POST /admin/rebalance ------------------------------------------------------------------
+    def _post_rebalance(
+        self, head: bytes, query: str
+    ) -> tuple[bytes, Callable[[], Awaitable[Answer]] | None]:
+        """Each process's own route (bridge.server.rebalance) with the same query: every edge
+        of the pod is drained, spread over the same S, and the answer sums them. The rules of
+        the route: the token always (401), refused when none is configured (403)."""
+        if not self.token:
+            return response("POST", (403, "text/plain", b"no auth_token configured\n")), None
+        if not self.authorized(head):
+            self.metrics.unauthorized.inc()
+            return response("POST", (401, "text/plain", b"bearer token required\n")), None
+        return b"", lambda: self._rebalance_answer(query)
+
+    async def _rebalance_answer(self, query: str) -> Answer:
+        asked = [w for w in self.view.workers() if w.alive and w.ops]
+        path = f"{REBALANCE_ROUTE}?{query}" if query else REBALANCE_ROUTE
+        answers = await asyncio.gather(
+            *(
+                ops_fetch.post(
+                    w.ops or "",
+                    path,
+                    token=self.worker_token,
+                    max_body=MAX_DEBUG_BYTES,
+                    seconds=self.fetch_seconds,
+                )
+                for w in asked
+            )
+        )
+        per = {
+            str(w.index): _json_or_text(said) | {"status": code}
+            for w, (code, said) in zip(asked, answers, strict=True)
+        }
+        codes = {code for code, _ in answers}
+        status = 202 if codes == {202} else max(codes - {202}, default=503)
+        edges = sum(int(p.get("edges", 0)) for p in per.values() if p["status"] == 202)
+        body = json.dumps({"edges": edges, "processes": per}).encode() + b"\n"
+        return status or 503, "application/json", body
 
     # -- /metrics --------------------------------------------------------------------------------
     async def metrics_answer(self) -> Answer:
@@ -360,3 +402,11 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
         self.server._open.pop(self, None)
+
+
+def _json_or_text(said: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(said)
+    except ValueError:
+        return {"said": said[:200].decode("utf-8", "replace").strip()}
+    return value if isinstance(value, dict) else {"said": value}

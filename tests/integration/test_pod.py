@@ -10,6 +10,7 @@ order, with no gap announced, whatever the landing.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -21,7 +22,7 @@ import numpy as np
 from bridge.client import EdgeClient, StreamSpec
 from bridge.v1 import bridge_pb2 as pb
 from loadgen.sink import SinkServer
-from tests.integration.harness import BridgeProcess, http_get, scraped
+from tests.integration.harness import BridgeProcess, http_get, scraped, wait_until
 from tests.integration.harness import hello as harness_hello
 from tests.support.switchproxy import SwitchProxy
 
@@ -36,8 +37,6 @@ class Pod:
         self.proc, self.sink, self.gaps = proc, sink, gaps
 
     async def debug(self) -> dict[str, Any]:
-        import json
-
         status, body = await http_get(self.proc.http, "/debug/resources")
         assert status == 200, body
         return dict(json.loads(body))
@@ -196,3 +195,54 @@ async def test_sigterm_drains_every_process_and_exits_0() -> None:
         assert await p.proc.wait(30) == 0
         assert not [pid for pid in pids if _alive(pid)]
         assert_exactly_once(p, 4, FRAMES)
+
+
+async def _request(port: int, method: str, path: str, token: str = "") -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    writer.write(f"{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\n\r\n".encode())
+    raw = await reader.read()
+    writer.close()
+    head, _, body = raw.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def test_rebalance_on_the_pod_drains_every_process_s_edges_and_sums_them() -> None:
+    """``POST /admin/rebalance`` on the pod's ops port reaches every process's own route (issue
+    32's scale-up spread), with the route's auth rules; before, the pod answered 405."""
+    token = "pod-token"
+    async with pod("--processes=2", f"--auth-token={token}") as p:
+        edges = [
+            EdgeClient(
+                url(p.proc.ws if n % 2 else p.proc.grpc, "ws" if n % 2 else "grpc"),
+                device_id=f"robot-{n}",
+                streams=[StreamSpec("s")],
+                token=token,
+            )
+            for n in range(6)
+        ]
+        for edge in edges:
+            await edge.__aenter__()
+            await edge.publish("s", CLOUD)
+            await edge.drain(timeout=10)
+        assert (await _request(p.proc.http, "POST", "/admin/rebalance"))[0] == 401
+        status, body = await _request(
+            p.proc.http, "POST", "/admin/rebalance?spread_seconds=0.5", token
+        )
+        assert status == 202, body
+        answer = json.loads(body)
+        assert answer["edges"] == 6 and len(answer["processes"]) == 2, answer
+        status, body = await _request(p.proc.http, "POST", "/admin/rebalance", token)
+        assert status == 409, body  # one at a time, in each process
+        assert await wait_until(lambda: sum(e.stats.drains for e in edges) >= 6, timeout=10)
+        for edge in edges:
+            await edge.publish("s", CLOUD)
+            await edge.drain(timeout=10)
+            await edge.__aexit__(None, None, None)
+        assert [e.stats.drains for e in edges] == [1] * 6
+        assert_exactly_once(p, 6, 2)
+
+
+async def test_rebalance_on_a_pod_without_a_token_is_refused() -> None:
+    async with pod("--processes=2") as p:
+        assert (await _request(p.proc.http, "POST", "/admin/rebalance"))[0] == 403
