@@ -136,7 +136,12 @@ def workers_per_process(cores: int, procs: int) -> int:
     return max(1, cores // procs)
 
 
-async def run(ns: argparse.Namespace, bridge_cpus: list[int]) -> dict[str, Any]:
+async def run(
+    ns: argparse.Namespace,
+    bridge_cpus: list[int],
+    on_group: Callable[[list[GroupInfo], list[CellResult]], None] = lambda _g, _c: None,
+) -> dict[str, Any]:
+    """Every N of every round, then the claim loop; ``on_group`` after each N (partial saves)."""
     loads = {
         k: v for k, v in workloads(ns.cloud_conns, ns.small_conns).items() if k in ns.workloads
     }
@@ -178,6 +183,7 @@ async def run(ns: argparse.Namespace, bridge_cpus: list[int]) -> dict[str, Any]:
                         )
                 info.exit_code = group.exit_code
                 groups.append(info)
+                on_group(groups, cells)
     finally:
         await sink.stop()
     claims = await asyncio.to_thread(claim_rtts, ns.claims) if ns.claims else None
@@ -200,12 +206,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "generator_shares_cores": bool(shared),
         "shared_cpus": shared,
     }
+
+    def save_partial(groups: list[GroupInfo], cells: list[CellResult]) -> None:
+        """What is measured so far, should the run be cut short (a time limit)."""
+        if ns.json is not None:
+            partial = ns.json.with_suffix(".partial.json")
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            doc = {
+                "host": host,
+                "groups": [asdict(g) for g in groups],
+                "cells": [asdict(c) for c in cells],
+            }
+            partial.write_text(json.dumps(doc, indent=1) + "\n")
+
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        results = asyncio.run(run(ns, bridge_cpus))
+        results = asyncio.run(run(ns, bridge_cpus, save_partial))
     else:  # the bridge runs on uvloop too
-        results = uvloop.run(run(ns, bridge_cpus))
+        results = uvloop.run(run(ns, bridge_cpus, save_partial))
     cells: list[CellResult] = results["cells"]
     groups: list[GroupInfo] = results["groups"]
     plain: ConnectTimes | None = results["plain"]
