@@ -164,7 +164,7 @@ async def run(
                 group = PodGroup(sink, procs, workers, bridge_cpus)
                 async with group:
                     await asyncio.sleep(1.0)  # settle: imports done, first timers run
-                    info = group_info(group, rnd)
+                    info = await group_info(group, rnd)
                     for load in loads.values():
                         number += 1
                         cell = await run_cell(

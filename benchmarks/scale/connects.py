@@ -132,7 +132,7 @@ def claim_rtts(count: int) -> ClaimRtt:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(5)
             sock.connect(path)
-            reader = sock.makefile("rb")
+            reader = sock.makefile("rb")  # closed below: until then the socket stays open
             for i in range(-20, count):  # 20 unmeasured: the first calls pay for imports
                 if i == 0:
                     cpu0 = _cpu_seconds(proc.pid)
@@ -149,6 +149,7 @@ def claim_rtts(count: int) -> ClaimRtt:
                 if i >= 0:
                     times.append(t1 - t0)
             cpu = _cpu_seconds(proc.pid) - cpu0
+            reader.close()
     except (OSError, ValueError) as exc:
         errors.append(f"claim loop: {type(exc).__name__}: {exc}")
     finally:

@@ -27,7 +27,11 @@ class Costs(Protocol):
     @property
     def preempted(self) -> float: ...
     @property
+    def acks(self) -> float: ...
+    @property
     def conns(self) -> int: ...
+    @property
+    def frames_per_s(self) -> float: ...
     @property
     def frames(self) -> float: ...
 
@@ -47,7 +51,12 @@ def comparison_lines(
     small1: Costs | None,
     small2: Costs | None,
     claim_us: float,
+    idle_cores: dict[int, float] | None = None,
 ) -> list[str]:
+    """The line, the claims' share, and per workload the measured deltas: loops, other
+    threads, wake-ups, preemptions, the sink's acks, and the processes' background CPU (what
+    they burn with no edge: timers, samplers) spread over the frames/s of N = 2."""
+    idle = idle_cores or {}
     pairs = {"clouds": (cloud1, cloud2), "1 KB": (small1, small2)}
     figures = {
         name: pct(two.cpu_us, one.cpu_us)
@@ -79,7 +88,8 @@ def comparison_lines(
             f"{d_loop:+.1f} us ({pct(two.loop_us, one.loop_us):+.1f} %), other threads "
             f"{d_other:+.1f} us ({pct(two.other_us, one.other_us):+.1f} %); per 1000 frames the "
             f"loops woke {one.wakeups:.0f} -> {two.wakeups:.0f} times and were preempted "
-            f"{one.preempted:.0f} -> {two.preempted:.0f} times"
+            f"{one.preempted:.0f} -> {two.preempted:.0f} times; the sink's acks "
+            f"{one.acks:.0f} -> {two.acks:.0f}" + _background(idle, two)
         )
     out.append(
         "# where a second process costs per frame: each loop sees half the traffic, so it "
@@ -91,3 +101,14 @@ def comparison_lines(
         "None of it is ownership: a frame never meets the supervisor"
     )
     return out
+
+
+def _background(idle: dict[int, float], two: Costs) -> str:
+    """The second process's background CPU (measured with no edge) per frame at N = 2's rate."""
+    if 1 not in idle or 2 not in idle or not two.frames_per_s:
+        return ""
+    extra = idle[2] - idle[1]
+    return (
+        f"; background CPU with no edge {1e3 * idle[1]:.1f} -> {1e3 * idle[2]:.1f} ms/s, "
+        f"{1e6 * extra / two.frames_per_s:+.2f} us per frame at N = 2's rate"
+    )

@@ -37,6 +37,7 @@ class Summary:
     gen_us: float
     wakeups: float  # per 1000 frames
     preempted: float  # per 1000 frames
+    acks: float  # SinkAcks per 1000 frames
     conns: int
     frames: float  # delivered in the measured window
 
@@ -63,6 +64,7 @@ def summary(cells: Sequence[CellResult], workload: str, procs: int) -> Summary |
         statistics.fmean(c.gen_us_per_frame for c in ok),
         statistics.fmean(c.wakeups_per_kframe for c in ok),
         statistics.fmean(c.preempted_per_kframe for c in ok),
+        statistics.fmean(c.sink_acks_per_kframe for c in ok),
         ok[0].conns,
         statistics.fmean(c.frames for c in ok),
     )
@@ -161,7 +163,8 @@ def format_report(
     lines.append("")
     head = (
         f"{'workload':>8} {'N':>2} {'rd':>2} {'wk':>2} {'frames/s':>9} {'xN=1':>5} {'loop us':>8} "
-        f"{'other us':>8} {'decim us':>8} {'wake/kf':>7} {'pre/kf':>6} {'bridge':>6} "
+        f"{'other us':>8} {'decim us':>8} {'wake/kf':>7} {'pre/kf':>6} {'acks/kf':>7} "
+        f"{'bridge':>6} "
         f"{'sup':>5} {'sup us':>6} {'max loop':>8} {'gen loop':>8} "
         f"{'gen us':>7} {'machine':>7} {'rest':>5} {'gen':>6} {'errors':>6}  loop split %"
     )
@@ -180,6 +183,7 @@ def format_report(
                 f"{_f(c.loop_us_per_frame, '%.1f'):>8} {_f(c.other_us_per_frame, '%.1f'):>8} "
                 f"{_f(c.decimate_us_per_frame, '%.1f'):>8} {_f(c.wakeups_per_kframe, '%.0f'):>7} "
                 f"{_f(c.preempted_per_kframe, '%.0f'):>6} "
+                f"{_f(c.sink_acks_per_kframe, '%.0f'):>7} "
                 f"{c.bridge_cores:>6.2f} {c.supervisor_cores:>5.3f} "
                 f"{_f(c.supervisor_us_per_frame, '%.2f'):>6} {c.loop_cores_max:>8.2f} "
                 f"{c.gen_loop_cores:>8.2f} {_f(c.gen_us_per_frame, '%.1f'):>7} "
@@ -194,6 +198,7 @@ def format_report(
         "it waited for a core or the GIL); wake/kf, pre/kf = the loops' wake-ups "
         "(voluntary context switches of the main threads: epoll found nothing to do) and "
         "preemptions (involuntary ones: the core went to another thread) per 1000 frames; "
+        "acks/kf = the sink's acks the processes read per 1000 frames; "
         "bridge = the ingest processes; sup = the supervisor (cores, and us per frame); bridge / "
         "max loop / gen loop / machine / rest in cores (max loop: the busiest process's loop, "
         "1.0 = full; rest: the machine minus pod and generator, others' work); xN=1 against "
@@ -209,6 +214,7 @@ def format_report(
         summary(cells, "1KB", 1),
         summary(cells, "1KB", 2),
         _claim_cost_us(groups, plain, claims),
+        _idle_cores(groups),
     )
     lines += _model_text(model, host)
     return "\n".join(lines)
@@ -286,9 +292,19 @@ def _memory(groups: Sequence[GroupInfo]) -> list[str]:
         out.append(
             f"# N={g.procs} rd {g.round}: ingest RSS idle [{idle}] (PSS [{pss}]), after [{end}]; "
             f"supervisor (pid {g.supervisor_pid}) RSS {g.supervisor_idle_rss / MiB:.0f} idle, "
-            f"{g.supervisor_end_rss / MiB:.0f} after; pids {g.pids}; plan: {g.plan}"
+            f"{g.supervisor_end_rss / MiB:.0f} after; CPU with no edge: ingest "
+            f"{sum(g.idle_cores):.3f} cores, supervisor {g.supervisor_idle_cores:.3f}; "
+            f"pids {g.pids}; plan: {g.plan}"
         )
     return out
+
+
+def _idle_cores(groups: Sequence[GroupInfo]) -> dict[int, float]:
+    """N -> the ingest processes' CPU with no edge, summed, in cores (mean over the rounds)."""
+    by_n: dict[int, list[float]] = {}
+    for g in groups:
+        by_n.setdefault(g.procs, []).append(sum(g.idle_cores))
+    return {n: statistics.fmean(v) for n, v in by_n.items()}
 
 
 def _timing(t: Any) -> str:

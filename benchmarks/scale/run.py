@@ -187,10 +187,11 @@ class Snapshot:
     gen_loop: float  # this process's main thread
     gen_total: float  # this process, all threads
     busy: float  # the machine
+    acks: int  # SinkAcks the bench's sink sent so far (every push stream)
     decimate: float = 0.0  # seconds in the decimation kernel, all processes (/metrics)
 
     @classmethod
-    def take(cls, pids: Sequence[int], supervisor: int | None) -> Snapshot:
+    def take(cls, pids: Sequence[int], supervisor: int | None, acks: int = 0) -> Snapshot:
         """CPU only: the /metrics scrape is taken outside the window (:meth:`with_decimate`),
         so its cost (the processes' renders, the supervisor's merge) is in no row."""
         split = [thread_cpu(p) for p in pids]
@@ -207,6 +208,7 @@ class Snapshot:
             gen_loop,
             times.user + times.system,
             machine_busy_seconds(),
+            acks,
         )
 
 
@@ -233,6 +235,7 @@ class CellResult:
     supervisor_us_per_frame: float
     wakeups_per_kframe: float  # the loops' wake-ups (voluntary switches) per 1000 frames
     preempted_per_kframe: float  # the loops' involuntary switches per 1000 frames
+    sink_acks_per_kframe: float  # SinkAcks the processes read per 1000 frames (all streams)
     loop_cores_max: float  # the busiest process's loop, in cores (1.0 = that loop is full)
     loop_share: list[float]  # each process's share of the loop CPU (the kernel's spread)
     gen_loop_cores: float  # the generator's event loop (clients + sink), in cores
@@ -294,6 +297,7 @@ def cell_result(
         supervisor_us_per_frame=_per_frame(supervisor, frames),
         wakeups_per_kframe=_per_kframe(b.wakeups - a.wakeups, frames),
         preempted_per_kframe=_per_kframe(b.preempted - a.preempted, frames),
+        sink_acks_per_kframe=_per_kframe(b.acks - a.acks, frames),
         loop_cores_max=max(loops, default=0.0) / window,
         loop_share=[round(v / loop_total, 3) if loop_total else 0.0 for v in loops],
         gen_loop_cores=gen_loop,
@@ -324,14 +328,22 @@ class GroupInfo:
     idle_rss: list[int]  # per ingest process, before the first cell
     idle_pss: list[int]
     supervisor_idle_rss: int
+    idle_cores: list[float]  # each ingest process's CPU with no edge (background tasks), cores
+    supervisor_idle_cores: float
     end_rss: list[int] = field(default_factory=list)  # after the last cell
     supervisor_end_rss: int = 0
     connects: ConnectTimes | None = None
     exit_code: int | None = None  # the pod's, after SIGTERM (0: every process delivered all)
 
 
-def group_info(group: PodGroup, rnd: int) -> GroupInfo:
+async def group_info(group: PodGroup, rnd: int, idle_seconds: float = 1.0) -> GroupInfo:
+    """Memory and the background CPU of a pod with no edge, measured over ``idle_seconds``."""
     sup = group.supervisor_pid
+    before = [process_cpu(p) for p in group.pids], process_cpu(sup)
+    t0 = time.monotonic()
+    await asyncio.sleep(idle_seconds)
+    after = [process_cpu(p) for p in group.pids], process_cpu(sup)
+    elapsed = time.monotonic() - t0
     return GroupInfo(
         round=rnd,
         procs=group.procs,
@@ -343,6 +355,8 @@ def group_info(group: PodGroup, rnd: int) -> GroupInfo:
         idle_rss=[rss_bytes(p) for p in group.pids],
         idle_pss=[pss_bytes(p) for p in group.pids],
         supervisor_idle_rss=rss_bytes(sup) if sup else 0,
+        idle_cores=[round((y - x) / elapsed, 4) for x, y in zip(before[0], after[0], strict=True)],
+        supervisor_idle_cores=round((after[1] - before[1]) / elapsed, 4),
     )
 
 
@@ -373,15 +387,15 @@ async def run_cell(
     stop = asyncio.Event()
     senders: list[asyncio.Task[None]] = []
     pids, sup = group.pids, group.supervisor_pid
-    a = b = Snapshot.take(pids, sup)
+    a = b = Snapshot.take(pids, sup, sink.acks_sent)
     try:
         await asyncio.gather(*(c.open(group.address(transport)) for c in clients))
         senders = [asyncio.create_task(c.send_loop(stop)) for c in clients]
         await asyncio.sleep(warmup)
         decimate_a = await metric_sum(group.http_port, DECIMATE_SUM)  # outside the window
-        a = Snapshot.take(pids, sup)
+        a = Snapshot.take(pids, sup, sink.acks_sent)
         await asyncio.sleep(seconds)
-        b = Snapshot.take(pids, sup)
+        b = Snapshot.take(pids, sup, sink.acks_sent)
         decimate_b = await metric_sum(group.http_port, DECIMATE_SUM)
         a.decimate, b.decimate = decimate_a, decimate_b
         stop.set()

@@ -68,6 +68,7 @@ def test_tiny_run_reports_every_field_and_says_the_generator_shares_the_cores(
         assert 0 <= c["supervisor_cores"] < 0.25, c
         assert c["supervisor_us_per_frame"] < c["loop_us_per_frame"], c
         assert c["wakeups_per_kframe"] >= 0 and c["preempted_per_kframe"] >= 0, c
+        assert c["sink_acks_per_kframe"] > 0, c  # every process read the sink's acks
     # A decimated cloud costs the workers (other threads) far more than a 1 KB passthrough frame.
     cloud1 = next(c for c in cells if c["workload"] == "cloud" and c["procs"] == 1)
     small1 = next(c for c in cells if c["workload"] == "1KB" and c["procs"] == 1)
@@ -99,6 +100,8 @@ def test_tiny_run_reports_every_field_and_says_the_generator_shares_the_cores(
         # No gRPC, no NumPy in the supervisor: smaller than any ingest process.
         assert 10 << 20 < g["supervisor_idle_rss"] < min(g["idle_rss"]), g
         assert g["supervisor_end_rss"] > 0, g
+        assert len(g["idle_cores"]) == g["procs"] and all(c >= 0 for c in g["idle_cores"]), g
+        assert 0 <= g["supervisor_idle_cores"] < 0.25, g
         assert g["workers"] >= 1
         # Session setup against the pod, new devices and one device reconnecting.
         connects = g["connects"]
@@ -132,7 +135,8 @@ def _cell(**kw: object) -> CellResult:
         seconds=2.0, frames=1000, frames_per_s=500.0, loop_us_per_frame=80.0,
         other_us_per_frame=5.0, decimate_us_per_frame=0.0, bridge_cores=0.5,
         supervisor_cores=0.01, supervisor_us_per_frame=0.1, wakeups_per_kframe=10.0,
-        preempted_per_kframe=5.0, loop_cores_max=0.4, loop_share=[1.0],
+        preempted_per_kframe=5.0, sink_acks_per_kframe=60.0, loop_cores_max=0.4,
+        loop_share=[1.0],
         gen_loop_cores=0.3, gen_cores=0.3, gen_us_per_frame=40.0, machine_cores=0.8,
         rest_cores=0.0, gen_lagged=False, sent=1000, completed=1000, pauses=0,
     )  # fmt: skip
@@ -155,7 +159,8 @@ def test_report_says_when_the_generator_lagged_and_when_it_has_cores_of_its_own(
         GroupInfo(
             round=1, procs=1, workers=2, bridge_cpus=[0, 1], supervisor_pid=10, pids=[11],
             plan="processes=max:1", idle_rss=[70 << 20], idle_pss=[40 << 20],
-            supervisor_idle_rss=36 << 20, end_rss=[80 << 20], supervisor_end_rss=37 << 20,
+            supervisor_idle_rss=36 << 20, idle_cores=[0.01], supervisor_idle_cores=0.002,
+            end_rss=[80 << 20], supervisor_end_rss=37 << 20,
         )
     ]  # fmt: skip
     cells = [_cell(), _cell(procs=2, loop_share=[0.5, 0.5], gen_lagged=True, gen_loop_cores=0.9)]
