@@ -71,7 +71,7 @@ async def run_pod_scenario(
             cpu=START_CPU,
             memory=START_MEMORY,
             load=LOAD,
-            extra_args=("--processes", "auto"),
+            processes="auto",
         )
         scenario = PodScenario(INTENDED, SETTLE_S, WAVES_AFTER)
         rig = PodRig(cfg, scenario, Path(tmp) / "sink.jsonl")

@@ -128,6 +128,7 @@ class RigConfig:
     max_frame_bytes: int = 4 * MiB
     env: dict[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()  # more `simbridge serve` flags
+    processes: str = "1"  # a single bridge's limits and RSS are checked; pod_steps runs "auto"
 
 
 class ContainerRig:
@@ -259,6 +260,8 @@ class ContainerRig:
             str(self.cfg.max_frame_bytes),
             "--log-format",
             "json",
+            "--processes",
+            self.cfg.processes,
             *self.cfg.extra_args,
         )
         deadline = time.monotonic() + 60
