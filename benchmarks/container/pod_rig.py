@@ -63,6 +63,7 @@ class PodStep:
     settle_s: float | None = None  # the resize call done → N = plan, no process starting/retiring
     states: list[str] = field(default_factory=list)  # slot states at settle (or at timeout)
     sessions_before: dict[int, float] = field(default_factory=dict)  # process → bridge_sessions
+    sessions_after: dict[int, float] = field(default_factory=dict)  # the same once settled
     moved: int = 0  # sessions the processes that this step retired held just before it
 
 
@@ -210,6 +211,7 @@ class PodRig(ContainerRig):
                 plan = doc["plan"]
                 res.seen_cpu, res.seen_memory = plan["cores"], plan["memory_limit_bytes"]
                 ps.planned, ps.n_after = int(plan["processes"]), m.get("bridge_pod_processes")
+                ps.sessions_after = self.sessions(m)
                 ps.states = [f"p{w['index']} {w['state']}" for w in doc["workers"]]
                 cores = min(res.cgroup_cpu or float(self.affinity), float(self.affinity))
                 moving = [w for w in doc["workers"] if w["state"] not in ("up", "stopped", "idle")]

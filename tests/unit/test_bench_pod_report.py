@@ -56,8 +56,8 @@ def _rig(tmp_path: Path, stalls: dict[str, tuple[float, float]] | None = None) -
     add.match = retire.match = True
     rig.steps = [add, retire]
     rig.pod_steps = [
-        PodStep(1, "cpu 2", 2, 2, 1.0, 2, 2.0, 0.4, sessions_before={0: 2.0}, moved=0),
-        PodStep(2, "cpu 1", 1, 1, 2.0, 1, 1.0, 0.9, sessions_before={0: 1.0, 1: 1.0}, moved=1),
+        PodStep(1, "cpu 2", 2, 2, 1.0, 2, 2.0, 0.4, [], {0: 2.0}, {0: 2.0, 1: 0.0}, moved=0),
+        PodStep(2, "cpu 1", 1, 1, 2.0, 1, 1.0, 0.9, [], {0: 1.0, 1: 1.0}, {0: 2.0}, moved=1),
     ]
     rig.load_ended_t, rig.wall0_ns = 30.0, 0
     rig.publish_report = {
@@ -101,9 +101,26 @@ def test_a_clean_run_passes_and_its_table_says_what_moved(tmp_path: Path) -> Non
     assert "FAIL" not in text and "duplicates (deduped) 1, resent by the edges 3" in text
 
 
-def test_a_device_paused_on_a_step_that_adds_a_process_fails_the_move_check(tmp_path: Path) -> None:
-    rig = _rig(tmp_path, {"d0": (12.0, 13.0), "d1": (21.0, 21.95)})
+def test_a_device_that_left_its_process_when_one_was_added_fails_the_move_check(
+    tmp_path: Path,
+) -> None:
+    rig = _rig(tmp_path)
+    rig.pod_steps[0].sessions_after = {0: 1.0, 1: 1.0}
     assert _failed(rig) == [MOVES]
+
+
+def test_a_disconnect_beyond_the_moved_devices_fails_the_move_check(tmp_path: Path) -> None:
+    rig = _rig(tmp_path)
+    rig.publish_report["disconnects"] = 2
+    assert _failed(rig) == [MOVES]
+
+
+def test_a_pause_on_a_step_that_adds_a_process_is_reported(tmp_path: Path) -> None:
+    """A pause alone says the host or the pod stalled, not that a connection moved."""
+    rig = _rig(tmp_path, {"d0": (12.0, 13.0), "d1": (21.0, 21.95)})
+    assert _failed(rig) == []
+    pauses = device_pauses(rig)
+    assert "pauses at the sink, step 1: d0 1.00 s" in render(rig, "t", checks(rig, pauses), pauses)
 
 
 def test_a_retirement_that_moved_nothing_proves_nothing(tmp_path: Path) -> None:
