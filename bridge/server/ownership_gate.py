@@ -84,6 +84,7 @@ class OwnershipGate:
         self.clock = clock
         self._hellos: dict[str, int] = {}  # device -> Hellos in progress here
         link.on_release = self.release
+        link.on_abandoned_grant = self._abandoned_grant
 
     # -- Hello --------------------------------------------------------------------------------
     async def attach(
@@ -122,6 +123,12 @@ class OwnershipGate:
             self.core.sink_watermarks(
                 [((device, stream_id), seq) for stream_id, seq in claimed.delivered.items()]
             )
+
+    def _abandoned_grant(self, device: str) -> None:
+        """A grant came for a Hello that gave up waiting: forget the device unless a Hello or a
+        session here holds it now (its own claim is answered after this one, in order)."""
+        if not self._hellos.get(device) and device not in self.core.by_device:
+            self.link.forget(device)
 
     # -- release ------------------------------------------------------------------------------
     async def release(

@@ -87,6 +87,10 @@ class ClaimUnanswered(Exception):
 #: A release handler: (device, token, proven) -> (ok, reason, delivered).
 ReleaseHandler = Callable[[str, str, bool], Awaitable[tuple[bool, str, dict[str, int]]]]
 
+#: Claims given up on (timed out, or the Hello cancelled) whose answer is still due; a grant
+#: that comes for one is handed to ``on_abandoned_grant``. Bounded: the oldest is dropped.
+MAX_ABANDONED_CLAIMS = 4096
+
 
 class PodLink:
     """The control channel's client; see the module docstring. ``on_share`` is called with
@@ -105,6 +109,9 @@ class PodLink:
         self.on_share = on_share
         self.on_lost = on_lost
         self.on_release: ReleaseHandler | None = None  # set by the ownership gate
+        #: Called with a device granted to a claim nobody waits for any more (set by the gate).
+        self.on_abandoned_grant: Callable[[str], None] | None = None
+        self._abandoned: dict[int, str] = {}  # claim id -> device
         self.share: PodShare | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -196,6 +203,16 @@ class PodLink:
             ) from None
         finally:
             self._claims.pop(claim_id, None)
+            if not future.done() or future.cancelled():  # its answer may still come
+                self._abandon(claim_id, device)
+
+    def _abandon(self, claim_id: int, device: str) -> None:
+        """Why: a grant nobody waits for would leave the supervisor's table naming this
+        process as the device's owner with no session here, never forgotten (an edge that
+        cancels its Hello while the owner elsewhere releases could grow the table without end)."""
+        if len(self._abandoned) >= MAX_ABANDONED_CLAIMS:
+            del self._abandoned[next(iter(self._abandoned))]
+        self._abandoned[claim_id] = device
 
     # -- from the supervisor ----------------------------------------------------------------------
     async def _read(self) -> None:
@@ -225,6 +242,9 @@ class PodLink:
 
     def _handle(self, msg: Message) -> None:
         if msg.kind == "claimed":
+            abandoned = self._abandoned.pop(msg["id"], None)
+            if abandoned is not None and msg["granted"] and self.on_abandoned_grant is not None:
+                self.on_abandoned_grant(abandoned)
             future = self._claims.get(msg["id"])
             if future is not None and not future.done():
                 future.set_result(

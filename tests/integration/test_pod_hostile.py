@@ -441,3 +441,39 @@ def _control_path(pid: int) -> str:
     with open(f"/proc/{pid}/environ", "rb") as f:
         env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
     return env[podcontrol.ENV_CONTROL.encode()].decode()
+
+
+# -- 6. Hellos cancelled while the owner elsewhere releases ----------------------------------------
+CANCELLED = 150
+
+
+async def test_hellos_cancelled_during_a_release_leave_no_owner_behind() -> None:
+    """A stranger says Hello for a device (its session stays detached where it landed), then
+    Hello again over gRPC and cancels within ms: when that lands on the other process, the
+    owner releases meanwhile and the grant comes for a Hello that is gone. The table must not
+    keep naming a process that holds nothing (it did: 4 of 150 stayed, for good)."""
+    async with pod("--processes=2", "--session-ttl-seconds=1") as p:
+        async with steady(p.proc.ws_url, "good") as good:
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{p.proc.grpc}") as channel:
+                for i in range(CANCELLED):
+                    device = f"stranger-{i}"
+                    assert await raw_hello(p.proc.ws, device) == "welcome"
+                    call: Any = channel.stream_stream(
+                        "/bridge.v1.Ingest/Connect",
+                        request_serializer=None,
+                        response_deserializer=pb.BridgeMessage.FromString,
+                    )()
+                    await call.write(harness_hello(device, "s").SerializeToString())
+                    await asyncio.sleep(0.002 * (i % 10))
+                    call.cancel()
+            ended = loop.time()
+            owned = await until(lambda: _owned_at_most(p, 1), timeout=10)
+            left = (await p.debug())["owned_devices"]
+            stall = good.longest_gap(began, ended)
+            await good.stop()
+        assert owned, f"owned_devices stays {left}: grants for cancelled Hellos never forgotten"
+        assert stall < 1.0, stall
+        assert_every_frame_once(p, good)
+        print(f"\ncancelled Hellos: {CANCELLED}, owned_devices back to {left}; stall {stall:.3f} s")
