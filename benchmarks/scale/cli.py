@@ -52,11 +52,18 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.hostinfo import cpu_description
-from benchmarks.relay.sink import BenchSink
 from benchmarks.scale.connects import ClaimRtt, ConnectTimes, claim_rtts, connect_loop
 from benchmarks.scale.pod import PodGroup
 from benchmarks.scale.report import format_report, model_rows, plot
-from benchmarks.scale.run import CellResult, GroupInfo, end_memory, group_info, run_cell, workloads
+from benchmarks.scale.run import (
+    CellResult,
+    GroupInfo,
+    ScaleSink,
+    end_memory,
+    group_info,
+    run_cell,
+    workloads,
+)
 
 TRANSPORTS = ("ws", "grpc")
 WORKLOADS = ("cloud", "1KB")
@@ -145,7 +152,7 @@ async def run(
     loads = {
         k: v for k, v in workloads(ns.cloud_conns, ns.small_conns).items() if k in ns.workloads
     }
-    sink = BenchSink()
+    sink = ScaleSink()
     sink.reserve_port()
     await sink.start()
     groups: list[GroupInfo] = []

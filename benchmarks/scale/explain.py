@@ -29,6 +29,8 @@ class Costs(Protocol):
     @property
     def acks(self) -> float: ...
     @property
+    def per_push(self) -> float: ...
+    @property
     def conns(self) -> int: ...
     @property
     def frames_per_s(self) -> float: ...
@@ -89,13 +91,17 @@ def comparison_lines(
             f"{d_other:+.1f} us ({pct(two.other_us, one.other_us):+.1f} %); per 1000 frames the "
             f"loops woke {one.wakeups:.0f} -> {two.wakeups:.0f} times and were preempted "
             f"{one.preempted:.0f} -> {two.preempted:.0f} times; the sink's acks "
-            f"{one.acks:.0f} -> {two.acks:.0f}" + _background(idle, two)
+            f"{one.acks:.0f} -> {two.acks:.0f}; frames per push message {one.per_push:.1f} -> "
+            f"{two.per_push:.1f}" + _background(idle, two)
         )
     out.append(
         "# where a second process costs per frame: each loop sees half the traffic, so it "
-        "handles fewer frames each time it wakes (more wake-ups per frame: more epoll waits, "
-        "socket reads and timer passes per frame); each process keeps its own push stream to the "
-        "sink (its acks and flushes amortised over half the frames) and its own periodic tasks; "
+        "handles fewer frames each time it wakes or turns (more wake-ups per frame: more epoll "
+        "waits, socket reads and timer passes per frame) and packs fewer frames into each push "
+        "message to the sink (frames per push above: each message has a fixed gRPC cost); "
+        "each process keeps its own push stream to the sink (its acks amortised over half the "
+        "frames) and its own periodic tasks "
+        "(background CPU above); "
         "two loops, the workers and the generator take turns on the shared cores (preemptions "
         "above: each costs a switch and cold caches). "
         "None of it is ownership: a frame never meets the supervisor"

@@ -38,6 +38,7 @@ class Summary:
     wakeups: float  # per 1000 frames
     preempted: float  # per 1000 frames
     acks: float  # SinkAcks per 1000 frames
+    per_push: float  # frames per push message
     conns: int
     frames: float  # delivered in the measured window
 
@@ -65,6 +66,7 @@ def summary(cells: Sequence[CellResult], workload: str, procs: int) -> Summary |
         statistics.fmean(c.wakeups_per_kframe for c in ok),
         statistics.fmean(c.preempted_per_kframe for c in ok),
         statistics.fmean(c.sink_acks_per_kframe for c in ok),
+        statistics.fmean(c.frames_per_push for c in ok),
         ok[0].conns,
         statistics.fmean(c.frames for c in ok),
     )
@@ -164,7 +166,7 @@ def format_report(
     head = (
         f"{'workload':>8} {'N':>2} {'rd':>2} {'wk':>2} {'frames/s':>9} {'xN=1':>5} {'loop us':>8} "
         f"{'other us':>8} {'decim us':>8} {'wake/kf':>7} {'pre/kf':>6} {'acks/kf':>7} "
-        f"{'bridge':>6} "
+        f"{'f/push':>6} {'bridge':>6} "
         f"{'sup':>5} {'sup us':>6} {'max loop':>8} {'gen loop':>8} "
         f"{'gen us':>7} {'machine':>7} {'rest':>5} {'gen':>6} {'errors':>6}  loop split %"
     )
@@ -183,7 +185,7 @@ def format_report(
                 f"{_f(c.loop_us_per_frame, '%.1f'):>8} {_f(c.other_us_per_frame, '%.1f'):>8} "
                 f"{_f(c.decimate_us_per_frame, '%.1f'):>8} {_f(c.wakeups_per_kframe, '%.0f'):>7} "
                 f"{_f(c.preempted_per_kframe, '%.0f'):>6} "
-                f"{_f(c.sink_acks_per_kframe, '%.0f'):>7} "
+                f"{_f(c.sink_acks_per_kframe, '%.0f'):>7} {_f(c.frames_per_push, '%.1f'):>6} "
                 f"{c.bridge_cores:>6.2f} {c.supervisor_cores:>5.3f} "
                 f"{_f(c.supervisor_us_per_frame, '%.2f'):>6} {c.loop_cores_max:>8.2f} "
                 f"{c.gen_loop_cores:>8.2f} {_f(c.gen_us_per_frame, '%.1f'):>7} "
@@ -198,7 +200,8 @@ def format_report(
         "it waited for a core or the GIL); wake/kf, pre/kf = the loops' wake-ups "
         "(voluntary context switches of the main threads: epoll found nothing to do) and "
         "preemptions (involuntary ones: the core went to another thread) per 1000 frames; "
-        "acks/kf = the sink's acks the processes read per 1000 frames; "
+        "acks/kf = the sink's acks the processes read per 1000 frames; f/push = frames per "
+        "push message the sink read (how well the processes batch their pushes); "
         "bridge = the ingest processes; sup = the supervisor (cores, and us per frame); bridge / "
         "max loop / gen loop / machine / rest in cores (max loop: the busiest process's loop, "
         "1.0 = full; rest: the machine minus pod and generator, others' work); xN=1 against "

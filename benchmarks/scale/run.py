@@ -15,16 +15,19 @@ apart, the generator's own loop CPU, and affinity pinning.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from benchmarks.relay.clients import GrpcClient, Payload, WsClient, bridge_encoder
 from benchmarks.relay.common import DRAIN_TIMEOUT, Cell
+from benchmarks.relay.sink import BenchSink
 from benchmarks.scale.connects import ConnectTimes
 from benchmarks.scale.pod import VOXEL, PodGroup, http_get
 from bridge.v1 import bridge_pb2 as pb
@@ -132,11 +135,21 @@ def loop_switches(pid: int) -> tuple[int, int]:
 
 
 def process_cpu(pid: int | None) -> float:
-    """Every thread of ``pid``, CPU seconds (0 for None)."""
+    """Every thread of ``pid``, CPU seconds, at the scheduler's nanosecond resolution
+    (/proc/PID/task/*/schedstat) where the kernel keeps it, else in clock ticks (10 ms: too coarse
+    for a process that idles); 0 for None."""
     if pid is None:
         return 0.0
-    main, other = thread_cpu(pid)
-    return main + other
+    total = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        for task in tasks:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                total += int((task / "schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        main, other = thread_cpu(pid)
+        return main + other
+    return total / 1e9
 
 
 def machine_busy_seconds() -> float:
@@ -188,10 +201,11 @@ class Snapshot:
     gen_total: float  # this process, all threads
     busy: float  # the machine
     acks: int  # SinkAcks the bench's sink sent so far (every push stream)
+    pushes: int  # push messages it read so far
     decimate: float = 0.0  # seconds in the decimation kernel, all processes (/metrics)
 
     @classmethod
-    def take(cls, pids: Sequence[int], supervisor: int | None, acks: int = 0) -> Snapshot:
+    def take(cls, pids: Sequence[int], supervisor: int | None, sink: Any = None) -> Snapshot:
         """CPU only: the /metrics scrape is taken outside the window (:meth:`with_decimate`),
         so its cost (the processes' renders, the supervisor's merge) is in no row."""
         split = [thread_cpu(p) for p in pids]
@@ -208,8 +222,26 @@ class Snapshot:
             gen_loop,
             times.user + times.system,
             machine_busy_seconds(),
-            acks,
+            getattr(sink, "acks_sent", 0),
+            getattr(sink, "push_messages", 0),
         )
+
+
+class ScaleSink(BenchSink):
+    """The relay benchmark's sink, also counting the push messages it reads (each a batch of
+    frames): frames per message says how well each process batches its pushes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.push_messages = 0
+
+    async def _bridge_push(self, requests: Any, context: Any, *, batched: bool = False) -> None:
+        await super()._bridge_push(self._counted(requests), context, batched=batched)
+
+    async def _counted(self, requests: Any) -> AsyncIterator[bytes]:
+        async for raw in requests:
+            self.push_messages += 1
+            yield raw
 
 
 # -- cells -----------------------------------------------------------------------------------
@@ -236,6 +268,7 @@ class CellResult:
     wakeups_per_kframe: float  # the loops' wake-ups (voluntary switches) per 1000 frames
     preempted_per_kframe: float  # the loops' involuntary switches per 1000 frames
     sink_acks_per_kframe: float  # SinkAcks the processes read per 1000 frames (all streams)
+    frames_per_push: float  # frames per push message the sink read (the processes' batching)
     loop_cores_max: float  # the busiest process's loop, in cores (1.0 = that loop is full)
     loop_share: list[float]  # each process's share of the loop CPU (the kernel's spread)
     gen_loop_cores: float  # the generator's event loop (clients + sink), in cores
@@ -298,6 +331,7 @@ def cell_result(
         wakeups_per_kframe=_per_kframe(b.wakeups - a.wakeups, frames),
         preempted_per_kframe=_per_kframe(b.preempted - a.preempted, frames),
         sink_acks_per_kframe=_per_kframe(b.acks - a.acks, frames),
+        frames_per_push=frames / (b.pushes - a.pushes) if b.pushes > a.pushes else float("nan"),
         loop_cores_max=max(loops, default=0.0) / window,
         loop_share=[round(v / loop_total, 3) if loop_total else 0.0 for v in loops],
         gen_loop_cores=gen_loop,
@@ -387,15 +421,15 @@ async def run_cell(
     stop = asyncio.Event()
     senders: list[asyncio.Task[None]] = []
     pids, sup = group.pids, group.supervisor_pid
-    a = b = Snapshot.take(pids, sup, sink.acks_sent)
+    a = b = Snapshot.take(pids, sup, sink)
     try:
         await asyncio.gather(*(c.open(group.address(transport)) for c in clients))
         senders = [asyncio.create_task(c.send_loop(stop)) for c in clients]
         await asyncio.sleep(warmup)
         decimate_a = await metric_sum(group.http_port, DECIMATE_SUM)  # outside the window
-        a = Snapshot.take(pids, sup, sink.acks_sent)
+        a = Snapshot.take(pids, sup, sink)
         await asyncio.sleep(seconds)
-        b = Snapshot.take(pids, sup, sink.acks_sent)
+        b = Snapshot.take(pids, sup, sink)
         decimate_b = await metric_sum(group.http_port, DECIMATE_SUM)
         a.decimate, b.decimate = decimate_a, decimate_b
         stop.set()

@@ -69,6 +69,7 @@ def test_tiny_run_reports_every_field_and_says_the_generator_shares_the_cores(
         assert c["supervisor_us_per_frame"] < c["loop_us_per_frame"], c
         assert c["wakeups_per_kframe"] >= 0 and c["preempted_per_kframe"] >= 0, c
         assert c["sink_acks_per_kframe"] > 0, c  # every process read the sink's acks
+        assert c["frames_per_push"] >= 1, c  # a push message carries one frame or more
     # A decimated cloud costs the workers (other threads) far more than a 1 KB passthrough frame.
     cloud1 = next(c for c in cells if c["workload"] == "cloud" and c["procs"] == 1)
     small1 = next(c for c in cells if c["workload"] == "1KB" and c["procs"] == 1)
@@ -135,7 +136,8 @@ def _cell(**kw: object) -> CellResult:
         seconds=2.0, frames=1000, frames_per_s=500.0, loop_us_per_frame=80.0,
         other_us_per_frame=5.0, decimate_us_per_frame=0.0, bridge_cores=0.5,
         supervisor_cores=0.01, supervisor_us_per_frame=0.1, wakeups_per_kframe=10.0,
-        preempted_per_kframe=5.0, sink_acks_per_kframe=60.0, loop_cores_max=0.4,
+        preempted_per_kframe=5.0, sink_acks_per_kframe=60.0, frames_per_push=4.0,
+        loop_cores_max=0.4,
         loop_share=[1.0],
         gen_loop_cores=0.3, gen_cores=0.3, gen_us_per_frame=40.0, machine_cores=0.8,
         rest_cores=0.0, gen_lagged=False, sent=1000, completed=1000, pauses=0,
