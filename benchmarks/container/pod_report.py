@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.container.report import Check
 from benchmarks.container.report import checks as rig_checks
-from loadgen.record import decode
+from loadgen.record import FrameRecord, decode
 
 if TYPE_CHECKING:
     from benchmarks.container.pod_rig import PodRig
@@ -37,6 +38,13 @@ KEPT = ("0 lost", "container restarts 0", "OOM kills 0", "resizes applied")
 
 # (window index → device → longest gap between two frames at the sink, seconds)
 Pauses = list[dict[str, float]]
+#: Where a frame's time went (its record's clocks: the publisher's schedule, the bridge's ingest
+#: and processed times, the sink's receipt; one host clock): the longest of each per window.
+STAGES = ("edge→bridge", "in bridge", "bridge→sink")
+
+
+def _window_of(spans: list[tuple[float, float]], t: float) -> int | None:
+    return next((i for i, (lo, hi) in enumerate(spans) if lo <= t < hi), None)
 
 
 def windows(rig: PodRig) -> list[tuple[float, float]]:
@@ -46,28 +54,44 @@ def windows(rig: PodRig) -> list[tuple[float, float]]:
     return list(zip(starts, ends, strict=True))
 
 
+def _records(rig: PodRig) -> Iterator[FrameRecord]:
+    """The sink's record of the run, duplicates left out."""
+    with open(rig.record_path) as f:
+        for line in f:
+            if line.strip():
+                rec, dup = decode(line)
+                if not dup:
+                    yield rec
+
+
 def device_pauses(rig: PodRig) -> Pauses:
     """Each window's longest gap per device between two consecutive frames received by the
     sink (its record, every stream of the device together; a gap counts where it ends)."""
     arrivals: dict[str, list[int]] = defaultdict(list)
-    with open(rig.record_path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            rec, dup = decode(line)
-            if not dup:
-                arrivals[rec.device_id].append(rec.received_ns)
+    for rec in _records(rig):
+        arrivals[rec.device_id].append(rec.received_ns)
     spans = windows(rig)
     out: Pauses = [{} for _ in spans]
     for device, times in arrivals.items():
         times.sort()
         for a, b in itertools.pairwise(times):
-            t = (b - rig.wall0_ns) / 1e9
-            for i, (lo, hi) in enumerate(spans):
-                if lo <= t < hi:
-                    gap = (b - a) / 1e9
-                    out[i][device] = max(out[i].get(device, 0.0), gap)
-                    break
+            i = _window_of(spans, (b - rig.wall0_ns) / 1e9)
+            if i is not None:
+                out[i][device] = max(out[i].get(device, 0.0), (b - a) / 1e9)
+    return out
+
+
+def stage_delays(rig: PodRig) -> list[dict[str, float]]:
+    """Each window's longest time a frame spent in each of :data:`STAGES` (where a pause was)."""
+    spans = windows(rig)
+    out = [dict.fromkeys(STAGES, 0.0) for _ in spans]
+    for rec in _records(rig):
+        i = _window_of(spans, (rec.received_ns - rig.wall0_ns) / 1e9)
+        if i is None or not (rec.capture_ns and rec.ingest_ns and rec.processed_ns):
+            continue
+        marks = (rec.capture_ns, rec.ingest_ns, rec.processed_ns, rec.received_ns)
+        for name, a, b in zip(STAGES, marks, marks[1:], strict=False):
+            out[i][name] = max(out[i][name], (b - a) / 1e9)
     return out
 
 
@@ -245,11 +269,22 @@ def _n(v: float | None) -> str:
     return "-" if v is None else f"{v:g}"
 
 
-def render(rig: PodRig, title: str, results: list[Check], pauses: Pauses) -> str:
+def render(
+    rig: PodRig,
+    title: str,
+    results: list[Check],
+    pauses: Pauses,
+    stages: list[dict[str, float]] | None = None,
+) -> str:
     width = max(len(c.name) for c in results)
     lines = [title, "", step_table(rig, pauses), ""]
     lines += [f"{'PASS' if c.ok else 'FAIL'}  {c.name.ljust(width)}  {c.detail}" for c in results]
     lines += [f"note: step {r.index}: {n}" for r in rig.steps for n in r.notes]
+    for i, delays in enumerate(stages or []):
+        lines.append(
+            f"longest time a frame spent, {'start' if i == 0 else f'step {i}'}: "
+            + ", ".join(f"{name} {v:.2f} s" for name, v in delays.items())
+        )
     for i, window in enumerate(pauses):
         moved = sorted(((g, d) for d, g in window.items() if g > PAUSE_S), reverse=True)
         if moved:

@@ -91,16 +91,18 @@ async def run_pod_scenario(
             log_tail = await rig.logs(80)
             await rig.close()
         pauses = await asyncio.to_thread(pod_report.device_pauses, rig)
+        stages = await asyncio.to_thread(pod_report.stage_delays, rig)
     title = (
         f"{name}: the bridge as a pod (--processes auto) in a podman container (--cpus "
         f"{START_CPU:g} --memory {START_MEMORY // MiB}Mi), resized live via podman update"
     )
     checks = pod_report.checks(rig, pauses)
-    text = pod_report.render(rig, title, checks, pauses)
+    text = pod_report.render(rig, title, checks, pauses, stages)
     await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
     png = out_dir / f"{name}.png"
     report.plot(rig, png, title)
     summary = report.summary(rig) | pod_report.summary(rig, checks, pauses)
+    summary["stage_delays_s"] = stages
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1, default=str))
     (out_dir / f"{name}.txt").write_text(text + "\n")
     if not all(c.ok for c in checks):

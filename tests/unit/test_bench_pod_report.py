@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.container.pod_report import checks, device_pauses, render, step_table
+from benchmarks.container.pod_report import (
+    checks,
+    device_pauses,
+    render,
+    stage_delays,
+    step_table,
+)
 from benchmarks.container.pod_rig import PodRig, PodScenario, PodStep
 from benchmarks.container.rig import MiB, RigConfig, Sample, StepResult
 from loadgen.record import FrameRecord, encode
@@ -24,7 +30,10 @@ def _record(path: Path, stalls: dict[str, tuple[float, float]]) -> None:
         for k in range(300):
             t = k / 10
             if not lo < t < hi:
-                rec = FrameRecord(device, "lidar", k, received_ns=int(t * S))
+                ns = int(t * S)
+                rec = FrameRecord(
+                    device, "lidar", k, 0, ns, ns, ns, ns + (S // 20 if k == 250 else 0)
+                )
                 lines.append(encode(rec))
     lines.append(encode(FrameRecord("d0", "lidar", 3, received_ns=int(5 * S)), duplicate=True))
     path.write_text("".join(lines))
@@ -97,7 +106,8 @@ def test_a_clean_run_passes_and_its_table_says_what_moved(tmp_path: Path) -> Non
     assert "1 → 2" in table and "2 → 1" in table and "p0 1 · p1 1" in table
     assert "1.00-1.00" in table  # the one moved device's pause
     assert "sup 22 · p0 60 · p1 60" in table
-    text = render(rig, "t", checks(rig, pauses), pauses)
+    text = render(rig, "t", checks(rig, pauses), pauses, stage_delays(rig))
+    assert "step 2: edge→bridge 0.00 s, in bridge 0.00 s, bridge→sink 0.05 s" in text
     assert "FAIL" not in text and "duplicates (deduped) 1, resent by the edges 3" in text
 
 
