@@ -54,6 +54,7 @@ def comparison_lines(
     small2: Costs | None,
     claim_us: float,
     idle_cores: dict[int, float] | None = None,
+    rtt_us: float = float("nan"),
 ) -> list[str]:
     """The line, the claims' share, and per workload the measured deltas: loops, other
     threads, wake-ups, preemptions, the sink's acks, and the processes' background CPU (what
@@ -77,7 +78,9 @@ def comparison_lines(
     )
     out.append(
         f"# claims: one Unix-socket round trip to the supervisor per connection, at its Hello, "
-        f"none per frame ({claim_us:.0f} us added to a Hello, measured below). The cells open "
+        f"none per frame: a Hello->Welcome in the pod at N = 1 takes {claim_us:.0f} us more than "
+        f"in a single bridge (p50s below; the round trip alone: {rtt_us:.0f} us, the rest is "
+        "waking the supervisor and the worker's await on shared cores). The cells open "
         "every connection before the warm-up, so no claim falls in a measured window; spread "
         f"over a cell anyway: {claims}. Claims are not the difference"
     )

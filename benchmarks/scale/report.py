@@ -26,7 +26,8 @@ NOISY_REST_CORES = 0.25
 
 @dataclass(frozen=True)
 class Summary:
-    """One (workload, N) over the rounds without errors: means."""
+    """One (workload, N) over the rounds without errors: medians (one round taken by a noisy
+    neighbour moves a mean, not a median of three)."""
 
     workload: str
     procs: int
@@ -41,10 +42,7 @@ class Summary:
     per_push: float  # frames per push message
     conns: int
     frames: float  # delivered in the measured window
-
-    @property
-    def cpu_us(self) -> float:
-        return self.loop_us + self.other_us
+    cpu_us: float  # loop + other, the median of the cells' sums
 
 
 def summary(cells: Sequence[CellResult], workload: str, procs: int) -> Summary | None:
@@ -59,16 +57,17 @@ def summary(cells: Sequence[CellResult], workload: str, procs: int) -> Summary |
         workload,
         procs,
         len(ok),
-        statistics.fmean(c.frames_per_s for c in ok),
-        statistics.fmean(c.loop_us_per_frame for c in ok),
-        statistics.fmean(c.other_us_per_frame for c in ok),
-        statistics.fmean(c.gen_us_per_frame for c in ok),
-        statistics.fmean(c.wakeups_per_kframe for c in ok),
-        statistics.fmean(c.preempted_per_kframe for c in ok),
-        statistics.fmean(c.sink_acks_per_kframe for c in ok),
-        statistics.fmean(c.frames_per_push for c in ok),
+        statistics.median(c.frames_per_s for c in ok),
+        statistics.median(c.loop_us_per_frame for c in ok),
+        statistics.median(c.other_us_per_frame for c in ok),
+        statistics.median(c.gen_us_per_frame for c in ok),
+        statistics.median(c.wakeups_per_kframe for c in ok),
+        statistics.median(c.preempted_per_kframe for c in ok),
+        statistics.median(c.sink_acks_per_kframe for c in ok),
+        statistics.median(c.frames_per_push for c in ok),
         ok[0].conns,
-        statistics.fmean(c.frames for c in ok),
+        statistics.median(c.frames for c in ok),
+        statistics.median(c.loop_us_per_frame + c.other_us_per_frame for c in ok),
     )
 
 
@@ -205,7 +204,7 @@ def format_report(
         "bridge = the ingest processes; sup = the supervisor (cores, and us per frame); bridge / "
         "max loop / gen loop / machine / rest in cores (max loop: the busiest process's loop, "
         "1.0 = full; rest: the machine minus pod and generator, others' work); xN=1 against "
-        "N = 1's mean over the rounds; gen = the generator's loop "
+        "N = 1's median over the rounds; gen = the generator's loop "
         f"(>= {GEN_LOOP_LAGGED:.2f} core: LAGGED)"
     )
     lines += _statements(cells, groups, ncpu)
@@ -218,6 +217,7 @@ def format_report(
         summary(cells, "1KB", 2),
         _claim_cost_us(groups, plain, claims),
         _idle_cores(groups),
+        claims.mean_us if claims is not None else float("nan"),
     )
     lines += _model_text(model, host)
     return "\n".join(lines)
@@ -274,7 +274,7 @@ def _statements(cells: Sequence[CellResult], groups: Sequence[GroupInfo], ncpu: 
         out.append(
             f"# {workload}: with N = 2, bridge CPU per frame is {total:+.1f} % vs N = 1 "
             f"({one.cpu_us:.1f} -> {two.cpu_us:.1f} us; loop {loop:+.1f} %; "
-            f"means over {min(one.rounds, two.rounds)} round(s))"
+            f"medians over {min(one.rounds, two.rounds)} round(s))"
         )
     bad_exit = [f"N={g.procs} rd {g.round}: {g.exit_code}" for g in groups if g.exit_code != 0]
     if bad_exit:
@@ -350,13 +350,15 @@ def _claim_cost_us(
     groups: Sequence[GroupInfo], plain: ConnectTimes | None, claims: ClaimRtt | None
 ) -> float:
     """What one claim adds to a session's setup: the pod's Hello->Welcome at N = 1 minus the
-    single bridge's when both were measured, else the round trip measured alone."""
+    single bridge's when both were measured (never less than the round trip alone: noise can
+    make the difference vanish, the claim's cost cannot), else the round trip alone."""
+    rtt = claims.mean_us if claims is not None else float("nan")
     pod1 = [g.connects for g in groups if g.procs == 1 and g.connects is not None]
     if plain is not None and pod1:
-        diff = statistics.fmean(c.hello_welcome.p50_ms for c in pod1) - plain.hello_welcome.p50_ms
+        diff = statistics.median(c.hello_welcome.p50_ms for c in pod1) - plain.hello_welcome.p50_ms
         if math.isfinite(diff):
-            return max(0.0, 1e3 * diff)
-    return claims.mean_us if claims is not None else float("nan")
+            return max(1e3 * diff, rtt) if math.isfinite(rtt) else max(0.0, 1e3 * diff)
+    return rtt
 
 
 def _model_text(model: dict[str, Any], host: dict[str, Any]) -> list[str]:
@@ -368,7 +370,7 @@ def _model_text(model: dict[str, Any], host: dict[str, Any]) -> list[str]:
         "C x 1e6 / (loop_us + other_us))",
         "#   each loop takes at most one core (connections spread evenly); loops and other threads "
         "share the C cores given to the bridge alone; the generator needs cores of its own "
-        "(gen cores = rate x gen_us). Costs: the N = 2 cells' means (they include a second "
+        "(gen cores = rate x gen_us). Costs: the N = 2 cells' medians (they include a second "
         f"process's overhead) on {host['cpu']}",
     ]
     for workload, entry in model.items():
@@ -418,7 +420,7 @@ def plot(cells: Sequence[CellResult], host: dict[str, Any], path: Path) -> None:
             if c.gen_lagged:
                 ax.annotate("gen lagged", (c.procs, c.frames_per_s), fontsize=8)
         ax.set_title(f"{workload}: aggregate frames/s (measured)")
-        ax.set_xlabel("bridge processes N")
+        ax.set_xlabel("ingest processes N (one pod)")
         ax.set_xticks(procs)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
@@ -434,8 +436,8 @@ def plot(cells: Sequence[CellResult], host: dict[str, Any], path: Path) -> None:
             label="other threads",
         )
         ax.set_xticks(list(range(len(procs))), [str(p) for p in procs])
-        ax.set_xlabel("bridge processes N (mean over rounds)")
-        ax.set_ylabel("bridge CPU us per frame")
+        ax.set_xlabel("ingest processes N (median over rounds)")
+        ax.set_ylabel("ingest CPU us per frame (supervisor apart)")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3, axis="y")
     shared = " (generator shares the cores)" if host["generator_shares_cores"] else ""
