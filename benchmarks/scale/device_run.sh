@@ -17,7 +17,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-# Versions as in this project's venv (uv.lock); the image has numpy, matplotlib, pyyaml, httpx.
+# Versions as in this project's .venv (pip list, 2 Dec 2026); the image has numpy, matplotlib,
+# pyyaml, httpx.
 WHEELS=(
   "grpcio==1.85.3" "grpcio-health-checking==1.85.1" "protobuf==7.36.2" "websockets==17.4"
   "zstandard==0.25.0" "uvloop==0.23.0" "prometheus_client==0.26.0"
