@@ -344,24 +344,29 @@ async def test_a_share_changes_the_workers_plan(tmp_path: Path) -> None:
             assert status == 200
             return dict(json.loads(body))
 
+        # Shares well above this process's RSS (the worker is in-process here, and a long test
+        # session's interpreter holds hundreds of MiB): both budgets above the floor.
+        small_share = 3072 * MiB
         sibling = {"index": 1, "grpc_internal": "127.0.0.1:4321"}
         sup.share(
             0,
-            memory_limit_bytes=512 * MiB,
+            memory_limit_bytes=small_share,
             cpu_cores=1.0,
             workers=1,
             processes=2,
             siblings=[sibling],
         )
         assert await wait_until(
-            lambda: w.pool.size == 1 and w.adapter.plan.memory_limit_bytes == 512 * MiB
+            lambda: w.pool.size == 1 and w.adapter.plan.memory_limit_bytes == small_share
         )
         small = await resources()
         assert small["workers"] == 1
-        assert small["adapter"]["plan"]["memory_limit_bytes"]["value"] == 512 * MiB
+        assert small["adapter"]["plan"]["memory_limit_bytes"]["value"] == small_share
         assert small["pod"]["share"]["siblings"] == [sibling]
         assert w.podlink is not None and w.podlink.siblings() == ["127.0.0.1:4321"]
-        sup.share(0, memory_limit_bytes=1024 * MiB, cpu_cores=3.0, workers=3, processes=2)
+        sup.share(
+            0, memory_limit_bytes=small_share + 512 * MiB, cpu_cores=3.0, workers=3, processes=2
+        )
         assert await wait_until(lambda: w.pool.size == 3)
         large = await resources()
         assert large["workers"] == 3
