@@ -92,6 +92,10 @@ class ControlServer:
             self._server.close()
         for peer in list(self.peers.values()):
             peer.writer.close()
+        # Each handler ends on the EOF of its closed channel; only a straggler is cancelled (a
+        # cancelled handler makes asyncio's server log its CancelledError).
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=1.0)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
