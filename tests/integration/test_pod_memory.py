@@ -11,14 +11,19 @@ file pages once per process, so it is above what a cgroup would charge: a conser
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import grpc
 import numpy as np
 
+from bridge.v1 import bridge_pb2 as pb
 from loadgen.edge import EdgeClient, StreamConfig
 from loadgen.sink import SinkServer
-from tests.integration.harness import BridgeProcess, rss, xyz_cloud
+from tests.integration.harness import BridgeProcess, http_get, rss, scraped, xyz_cloud
 from tests.integration.test_memory_hostile import (
+    BIG_POINTS,
     FLOOD_SECONDS,
     MAX_FRAME,
     Received,
@@ -56,7 +61,32 @@ def pod_rss(root: int) -> tuple[int, int]:
     return total, count
 
 
-async def test_flooded_pod_stays_within_its_memory_limit(free_port: int, tmp_path: Path) -> None:
+class Sampled:
+    """The pod's summed RSS every 20 ms while the case runs."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.samples: list[tuple[int, int]] = []
+
+    async def run(self) -> None:
+        while True:
+            self.samples.append(pod_rss(self.root))
+            await asyncio.sleep(0.02)
+
+    def check(self, name: str) -> None:
+        peak, processes = max(self.samples)
+        print(
+            f"{name}: peak summed RSS of the pod's {processes} processes {peak / MiB:.0f} MiB "
+            f"of a {LIMIT / MiB:.0f} MiB limit over {len(self.samples)} samples"
+        )
+        assert max(count for _, count in self.samples) >= 3  # the supervisor and two processes
+        assert peak <= LIMIT, f"{name}: summed RSS {peak / MiB:.0f} MiB > {LIMIT / MiB:.0f} MiB"
+
+
+@asynccontextmanager
+async def pod_at_limit(
+    tmp_path: Path, sink_port: int, *extra: str
+) -> AsyncIterator[tuple[BridgeProcess, Sampled]]:
     cg = tmp_path / "cg"
     cg.mkdir()
     (cg / "cpu.max").write_text("200000 100000\n")
@@ -64,28 +94,25 @@ async def test_flooded_pod_stays_within_its_memory_limit(free_port: int, tmp_pat
     (cg / "memory.current").write_text("0\n")
     proc = await BridgeProcess.start(
         *("--processes=2", "--adapt", f"--cgroup-root={cg}", f"--max-frame-bytes={MAX_FRAME}"),
-        *("--passthrough", "--sink-address", f"127.0.0.1:{free_port}"),
+        *("--passthrough", "--sink-address", f"127.0.0.1:{sink_port}"),
         *("--ws-port=0", "--grpc-port=0", "--http-port=0", "--sink-backoff-max-seconds=0.2"),
+        *extra,
     )
-    samples: list[tuple[int, int]] = []
-
-    async def sample() -> None:
-        while True:
-            samples.append(pod_rss(proc.proc.pid))
-            await asyncio.sleep(0.02)
-
-    sampler = asyncio.create_task(sample())
-    received = Received()
+    sampled = Sampled(proc.proc.pid)
+    sampler = asyncio.create_task(sampled.run())
     try:
+        yield proc, sampled
+    finally:
+        sampler.cancel()
+        proc.kill()
+
+
+async def test_flooded_pod_stays_within_its_memory_limit(free_port: int, tmp_path: Path) -> None:
+    received = Received()
+    async with pod_at_limit(tmp_path, free_port) as (proc, sampled):
         target = f"127.0.0.1:{proc.grpc}"
-        floods = [
-            asyncio.ensure_future(f)
-            for i in range(3)
-            for f in (
-                ws_flood(proc.ws_url, f"bad-ws{i}", "s"),
-                grpc_flood(target, f"bad-g{i}", "s"),
-            )
-        ]
+        floods = [asyncio.ensure_future(ws_flood(proc.ws_url, f"bad-ws{i}", "s")) for i in range(3)]
+        floods += [asyncio.ensure_future(grpc_flood(target, f"bad-g{i}", "s")) for i in range(3)]
         await asyncio.sleep(0.5)
         edge = EdgeClient("ws", proc.ws_url, "good", [StreamConfig("cam")])
         await edge.start()
@@ -100,15 +127,91 @@ async def test_flooded_pod_stays_within_its_memory_limit(free_port: int, tmp_pat
             await asyncio.gather(*floods, return_exceptions=True)
             assert await edge.wait_delivered(30)
         await edge.close()
-    finally:
-        sampler.cancel()
-        proc.kill()
-    peak, processes = max(samples)
-    print(
-        f"pod of {processes} processes under 6 flooding edges: peak summed RSS "
-        f"{peak / MiB:.0f} MiB of a {LIMIT / MiB:.0f} MiB limit over {len(samples)} samples"
-    )
-    assert max(count for _, count in samples) >= 3  # the supervisor and two processes
+    sampled.check("6 edges ignoring PAUSE")
     assert received.exactly("good", "cam", 20), "the well-behaved edge lost or repeated frames"
     assert edge.stats.disconnects == 0
-    assert peak <= LIMIT, f"summed RSS {peak / MiB:.0f} MiB > limit {LIMIT / MiB:.0f} MiB"
+
+
+async def test_subscribers_that_never_read_cost_the_pod_gaps_not_memory(
+    free_port: int, tmp_path: Path
+) -> None:
+    """Each viewer's call lands on either process, which relays its sibling's frames too: the
+    relayed frames are charged and skipped like local ones."""
+    received = Received()
+    async with (
+        SinkServer(listen=f"127.0.0.1:{free_port}", fsync=False, on_frame=received),
+        pod_at_limit(tmp_path, free_port) as (proc, sampled),
+    ):
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{proc.grpc}")
+        subscribe = channel.unary_stream(
+            "/bridge.v1.Visualization/Subscribe",
+            request_serializer=pb.SubscribeRequest.SerializeToString,
+            response_deserializer=pb.ProcessedFrame.FromString,
+        )
+        calls = [subscribe(pb.SubscribeRequest()) for _ in range(4)]  # never read
+        frames = 60
+        edges = [
+            EdgeClient(
+                "ws",
+                proc.ws_url,
+                f"good{i}",
+                [StreamConfig("cam")],
+                resend_buffer_bytes=(frames + 1) * MAX_FRAME,
+            )
+            for i in range(2)
+        ]
+        cloud = xyz_cloud(np.random.default_rng(7).uniform(-5, 5, (BIG_POINTS, 3)))
+        for edge in edges:
+            await edge.start()
+        for _ in range(frames):
+            for edge in edges:
+                await edge.publish("cam", cloud)
+        for edge in edges:
+            assert await edge.wait_delivered(60)
+            await edge.close()
+        _, body = await http_get(proc.http, "/metrics")
+        for call in calls:
+            call.cancel()
+        await channel.close()
+    sampled.check("4 subscribers never reading")
+    dropped = scraped(body, "bridge_subscriber_dropped_total")
+    assert dropped and dropped[0] > 0, "slow subscribers got no gaps"
+    for i, edge in enumerate(edges):
+        assert edge.stats.dropped == 0
+        assert received.exactly(f"good{i}", "cam", frames)
+
+
+async def test_64_streams_of_maximum_frames_stay_within_the_pod_s_limit(
+    free_port: int, tmp_path: Path
+) -> None:
+    received = Received()
+    streams = [f"s{i}" for i in range(64)]
+    extra = ("--max-streams-per-session", "64")
+    async with pod_at_limit(tmp_path, free_port, *extra) as (proc, sampled):
+        edges = [
+            EdgeClient(
+                "ws",
+                proc.ws_url,
+                f"wide{i}",
+                [StreamConfig(s) for s in streams],
+                resend_buffer_bytes=(len(streams) + 1) * MAX_FRAME,
+            )
+            for i in range(2)
+        ]
+        cloud = xyz_cloud(np.random.default_rng(3).uniform(-5, 5, (BIG_POINTS, 3)))
+        for edge in edges:
+            await edge.start()
+        for s in streams:
+            for edge in edges:
+                await edge.publish(s, cloud)
+        await asyncio.sleep(FLOOD_SECONDS)  # the sink is down
+        async with SinkServer(listen=f"127.0.0.1:{free_port}", fsync=False, on_frame=received):
+            for edge in edges:
+                assert await edge.wait_delivered(90)
+        for edge in edges:
+            await edge.close()
+    sampled.check("2 edges x 64 streams x 4 MiB frames")
+    for i, edge in enumerate(edges):
+        assert edge.stats.dropped == 0
+        for s in streams:
+            assert received.exactly(f"wide{i}", s, 1)
