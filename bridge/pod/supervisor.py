@@ -48,6 +48,8 @@ MIB = 1 << 20
 MIN_RESERVED_RSS = 48 * MIB  # measured: the supervisor with its ops server idles near 40 MiB
 POLL_SECONDS = 0.2
 BRIDGE_ID_MAX = 128  # the bridge_id setting's bound
+RETIRE_RECONNECT_MS = 100  # a retired process's edges come back this soon (others are up)
+RETIRE_SIGTERM_AFTER_S = 1.0  # then SIGTERM, for a process that did not hear "retire"
 CRASH_WINDOW_SECONDS = 60.0
 HOLD_SECONDS = 10.0  # a restarted process up this long ends a crash loop
 FIRST_BACKOFF_SECONDS = 0.5
@@ -372,7 +374,17 @@ class Supervisor:
             slot.index,
             self.plan.count if self.plan else 0,
         )
-        self._terminate(slot)
+        # Told first, so its Drain says "back in 100 ms" (the others are up), not the 1 s a
+        # whole bridge going away says; SIGTERM follows for a process that cannot hear it.
+        if self.control.send(slot.index, "retire", reconnect_after_ms=RETIRE_RECONNECT_MS):
+            self._spawn(self._terminate_later(slot, RETIRE_SIGTERM_AFTER_S), "pod-retire")
+        else:
+            self._terminate(slot)
+
+    async def _terminate_later(self, slot: Slot, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if slot.state == "retiring":
+            self._terminate(slot)  # a second stop request changes nothing if it heard
 
     def _terminate(self, slot: Slot) -> None:
         if slot.proc is not None and slot.proc.returncode is None:

@@ -23,6 +23,8 @@ supervisor -> worker
     ``release``   id, device, token, proven (another process has a Hello for this device)
     ``share``     memory_limit_bytes (None: no limit), cpu_cores (None: no quota), workers,
                   processes, index, siblings ([{index, grpc_internal}] of the others)
+    ``retire``    reconnect_after_ms: the plan has no room for this process; drain and exit,
+                  telling the edges to come back after this long (the other processes are up)
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ ENV_INDEX = "SIMBRIDGE_POD_INDEX"  # this process's slot, 0..N-1 (stable across 
 ENV_SECRET = "SIMBRIDGE_POD_SECRET"  # the pod-internal credential (internal gRPC, ops)
 
 KINDS_TO_SUPERVISOR = frozenset({"up", "claim", "forget", "released"})
-KINDS_TO_WORKER = frozenset({"claimed", "release", "share"})
+KINDS_TO_WORKER = frozenset({"claimed", "release", "share", "retire"})
 
 
 class ControlError(ValueError):
@@ -76,6 +78,7 @@ _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
     "released": {"id": int, "ok": bool, "reason": str, "delivered": dict},
     "claimed": {"id": int, "granted": bool, "reason": str, "delivered": dict, "epoch": int},
     "release": {"id": int, "device": str, "token": str, "proven": bool},
+    "retire": {"reconnect_after_ms": int},
     "share": {
         "memory_limit_bytes": (int, type(None)),
         "cpu_cores": (int, float, type(None)),

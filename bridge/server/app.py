@@ -273,6 +273,12 @@ class BridgeService:
             self.adapter.set_share(self.podlink.share)
         await self.adapter.start()
 
+    def _retire(self, reconnect_after_ms: int) -> None:
+        """The pod re-planned without this process: drain as on SIGTERM, but the edges may come
+        back at once (the kernel hands them to the processes that stay)."""
+        self.edges.drain_reconnect_ms = reconnect_after_ms
+        self.request_stop()
+
     async def _join_pod(self, env: PodEnv) -> None:
         """Connect to the supervisor; claims at Hello, releases, shares and forgets go through
         it. Its channel closing ends this process (drained as on SIGTERM)."""
@@ -289,6 +295,7 @@ class BridgeService:
                 f"cannot reach the pod's supervisor at {env.control}: {exc}"
             ) from None
         self.podlink = link
+        link.on_retire = self._retire
         self.edges.pod = OwnershipGate(
             link,
             self.core,

@@ -68,6 +68,7 @@ class EdgeRegistry:
             weakref.WeakValueDictionary()
         )
         self.pending = 0  # connections that have not completed Hello
+        self.drain_reconnect_ms: int | None = None  # a pod retiring this process: sooner
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = False
         self.pod: ownership_gate.OwnershipGate | None = None  # in a pod: claims at Hello
@@ -555,7 +556,9 @@ class EdgeConnection:
     def _drain_message(self) -> pb.BridgeMessage:
         return pb.BridgeMessage(
             drain=pb.Drain(
-                reconnect_after_ms=self._config.reconnect_after_ms, reason="shutting down"
+                reconnect_after_ms=self._edges.drain_reconnect_ms
+                or self._config.reconnect_after_ms,
+                reason="shutting down",
             )
         )
 

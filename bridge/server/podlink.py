@@ -107,6 +107,7 @@ class PodLink:
         self.env = env
         self.claim_timeout = claim_timeout
         self.on_share = on_share
+        self.on_retire: Callable[[int], None] | None = None  # the plan retires this process
         self.on_lost = on_lost
         self.on_release: ReleaseHandler | None = None  # set by the ownership gate
         #: Called with a device granted to a claim nobody waits for any more (set by the gate).
@@ -257,6 +258,13 @@ class PodLink:
             )
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
+        elif msg.kind == "retire":
+            log.info(
+                "retired by the pod's plan: draining (edges back in %d ms)",
+                msg["reconnect_after_ms"],
+            )
+            if self.on_retire is not None:
+                self.on_retire(msg["reconnect_after_ms"])
         elif msg.kind == "share":
             self.share = share_of(msg)
             if self.on_share is not None:

@@ -400,3 +400,40 @@ async def test_without_adapt_the_share_still_sets_the_worker_count() -> None:
         assert await wait_until(lambda: w.pool.size == 1)
         sup.share(0, workers=2, processes=2)
         assert await wait_until(lambda: w.pool.size == 2)
+
+
+async def test_a_retired_worker_tells_its_edges_to_come_back_soon_and_exits(
+    tmp_path: Path,
+) -> None:
+    """``retire{reconnect_after_ms}``: the pod's plan has no room for this process. It drains as
+    on SIGTERM, but its Drain says the edges may come back after 100 ms (the other processes
+    are up), not the 1 s a whole bridge going away says (before: only SIGTERM, and every moved
+    device waited 1.0-1.1 s in the container e2e)."""
+    from websockets.asyncio.client import connect
+
+    async with FakeSupervisor() as sup:
+        worker_proc = await WorkerProcess.start(sup, 2, tmp_path)
+        try:
+            up = await sup.wait_up(2, timeout=30)
+            spec = pb.StreamSpec(stream_id="s", kind=pb.POINT_CLOUD)
+            hello = pb.EdgeMessage(hello=pb.Hello(device_id="robot", streams=[spec]))
+            async with connect(f"ws://127.0.0.1:{up['ws']}/v1/ingest") as ws:
+                await ws.send(hello.SerializeToString())
+                first = pb.BridgeMessage.FromString(_bytes(await asyncio.wait_for(ws.recv(), 10)))
+                assert first.HasField("welcome"), first
+                sup.send(2, "retire", reconnect_after_ms=100)
+                async with asyncio.timeout(10):
+                    while True:
+                        msg = pb.BridgeMessage.FromString(_bytes(await ws.recv()))
+                        if msg.HasField("drain"):
+                            break
+                assert msg.drain.reconnect_after_ms == 100
+            assert await worker_proc.wait(timeout=20) == 0
+        finally:
+            worker_proc.kill()
+    assert "retired by the pod's plan" in worker_proc.logs()
+
+
+def _bytes(data: str | bytes) -> bytes:
+    assert isinstance(data, bytes)
+    return data
