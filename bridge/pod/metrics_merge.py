@@ -11,6 +11,10 @@ dashboard, alert and capacity figure reads pod totals (frames received, delivere
   over when its slot runs a new incarnation (another pid), whose counters start at 0 again.
   Within one incarnation a series that went down (or vanished) is a reset too: its last value is
   carried over, as Prometheus' ``rate()`` would read a reset.
+- Counters whose sum means nothing are kept per process like gauges (:data:`PER_PROCESS`):
+  ``bridge_event_loop_busy_seconds_total``, whose rate is one event loop's busy fraction (0-1),
+  the HPA's signal: summed over N loops it would read up to N and scale out a pod that only
+  grew in place. Each series restarts with its process; ``rate()`` reads that as a reset.
 - Gauges (and untyped series, info and state-set series, which the text format writes as
   gauges) are kept per process, with a ``process="<index>"`` label; a label of that name the
   process set itself becomes ``exported_process`` (Prometheus' own rule for a clash).
@@ -34,6 +38,7 @@ MAX_SERIES = 20_000  # samples in one exposition; a bridge has a few hundred
 MAX_KEPT_SERIES = 100_000  # summed series kept (carried over and last values), all processes
 
 CUMULATIVE = frozenset({"counter", "histogram", "summary"})
+PER_PROCESS = frozenset({"bridge_event_loop_busy_seconds_total"})  # see the module docstring
 REFUSE_REASONS = ("too_large", "too_many_series", "malformed")
 PROCESS_LABEL = "process"
 EXPORTED_LABEL = "exported_process"
@@ -143,7 +148,7 @@ class PodMerge:
             if kind != family.kind:
                 self.conflicts += len(family.samples)
                 continue
-            into = summed if kind in CUMULATIVE else gauges
+            into = summed if kind in CUMULATIVE and family.name not in PER_PROCESS else gauges
             series = into.setdefault(family.name, {})
             for name, labels, value in family.samples:
                 series[(name, labels)] = value
@@ -229,7 +234,7 @@ class PodMerge:
         between them (no update may come before the last one)."""
         indexes = sorted(self._processes)
         for family, (kind, help_) in list(self._meta.items()):
-            if kind in CUMULATIVE:
+            if kind in CUMULATIVE and family not in PER_PROCESS:
                 lines = self._summed_lines(family, indexes)
             else:
                 lines = self._gauge_lines(family, indexes)

@@ -261,3 +261,19 @@ def test_the_series_kept_are_capped_and_what_is_left_out_counted() -> None:
     got = read(merge.render())
     assert len(got) == 10
     assert all(v >= 1 for v in got.values())
+
+
+def test_the_loop_busy_counter_stays_per_process_for_the_hpa() -> None:
+    """Its rate is one loop's busy fraction (0-1), the HPA's signal: summed over two processes
+    each 60 % busy it would read 1.2 and scale out a pod that only grew in place."""
+    merge = PodMerge()
+    for index, busy in ((0, 6.0), (1, 4.0)):
+        registry = CollectorRegistry()
+        Counter("bridge_event_loop_busy_seconds", "Busy", registry=registry).inc(busy)
+        merge.update(index, 100 + index, parse(generate_latest(registry)))
+    out = merge.render()
+    got = read(out)
+    assert got[("bridge_event_loop_busy_seconds_total", (("process", "0"),))] == 6.0
+    assert got[("bridge_event_loop_busy_seconds_total", (("process", "1"),))] == 4.0
+    assert ("bridge_event_loop_busy_seconds_total", ()) not in got
+    assert kinds(out)["bridge_event_loop_busy_seconds"] == "counter"
