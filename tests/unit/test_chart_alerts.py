@@ -70,3 +70,16 @@ def test_bridge_down_and_absent_alerts_watch_this_releases_scrapes(
     for name, rule in alerts.items():
         series = set(re.findall(r"\bbridge_[a-z0-9_]+\b", str(rule["expr"])))
         assert series <= exported_series(), name
+
+
+def test_alerts_read_each_process_of_a_pod(renderer: Renderer) -> None:
+    """A pod of several processes exports its gauges per process (``process`` label): one
+    process without its push stream must alert (min, not max), and each process's rings are
+    compared with its own budget before the busiest is taken."""
+    values = {"prometheusRule": {"enabled": True}, "bridge": {"sinkAddress": "viz:50051"}}
+    alerts = _alerts(renderer, values)
+    sink = str(alerts["SimbridgeSinkDisconnected"]["expr"])
+    assert sink.startswith("min by (namespace, pod) (bridge_sink_connected"), sink
+    memory = " ".join(str(alerts["SimbridgeMemoryNearBudget"]["expr"]).split())
+    assert memory.startswith("max by (namespace, pod) ( bridge_ring_occupancy_bytes"), memory
+    assert "/ (bridge_plan_ring_budget_bytes" in memory, memory
