@@ -13,6 +13,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from bridge.pod.metrics_merge import REFUSE_REASONS
+from bridge.resources.rss import own_rss_bytes
 
 # No ``*_created`` series (as the processes: bridge.server.metrics); process-wide.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -99,7 +100,8 @@ class _SupervisorProcess(Collector):
         rss = GaugeMetricFamily(
             "bridge_pod_supervisor_resident_memory_bytes", "The supervisor's resident memory"
         )
-        rss.add_metric([], _rss_bytes())
+        resident = own_rss_bytes()
+        rss.add_metric([], float("nan") if resident is None else float(resident))
         yield rss
         times = os.times()
         cpu = CounterMetricFamily(
@@ -107,11 +109,3 @@ class _SupervisorProcess(Collector):
         )
         cpu.add_metric([], times.user + times.system)
         yield cpu
-
-
-def _rss_bytes() -> float:
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
-    except (OSError, ValueError, IndexError):
-        return float("nan")

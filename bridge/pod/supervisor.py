@@ -41,6 +41,7 @@ from bridge.pod.podplan import PodPlan, plan_pod
 from bridge.pod.ports import WorkerOps
 from bridge.protocol import podcontrol
 from bridge.resources.cgroup import CgroupReader, open_cgroup
+from bridge.resources.rss import own_rss_bytes
 
 log = logging.getLogger("bridge.pod.supervisor")
 
@@ -192,7 +193,7 @@ class Supervisor:
             "processes_running": sum(1 for s in self.slots.values() if s.state == "up"),
             "crash_loop": self.crash_loop,
             "owned_devices": len(self.ownership),
-            "supervisor_rss_bytes": _rss_bytes(),
+            "supervisor_rss_bytes": (own_rss_bytes() or 0),
             "ports": {"ws": self.ws_port, "grpc": self.grpc_port, "http": self.http_port},
             "workers": self.worker_table(),
         }
@@ -225,7 +226,7 @@ class Supervisor:
         sample would re-send shares for nothing)."""
         if not self._rss_reserved:
             step = 8 * MIB
-            self._rss_reserved = max(MIN_RESERVED_RSS, -(-_rss_bytes() // step) * step)
+            self._rss_reserved = max(MIN_RESERVED_RSS, -(-(own_rss_bytes() or 0) // step) * step)
         return self._rss_reserved
 
     def _reconcile(self) -> None:
@@ -458,11 +459,3 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the control channel's close still ends it
         pass
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0

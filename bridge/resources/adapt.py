@@ -41,7 +41,8 @@ from bridge.resources.podsource import PodApi, PodSource, PodUpdate
 from bridge.resources.poller import Poller
 from bridge.resources.ports import AdaptTarget
 from bridge.resources.quantity import format_bytes
-from bridge.resources.share import PodShare, own_rss_bytes, shared_plan, shared_reading
+from bridge.resources.rss import own_rss_bytes
+from bridge.resources.share import PodShare, shared_plan, shared_reading
 from bridge.resources.snapshot import CgroupReading, GpuReading, Snapshot, Sourced, Workload
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,6 @@ Pure functions: the Adapter (bridge.resources.adapt) calls them at every re-plan
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,15 +44,6 @@ class PodShare:
             "index": self.index,
             "siblings": [{"index": i, "grpc_internal": a} for i, a in self.siblings],
         }
-
-
-def own_rss_bytes() -> int | None:
-    """This process's resident bytes (None where /proc is not there)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def shared_reading(reading: CgroupReading, share: PodShare, rss_bytes: int | None) -> CgroupReading:

@@ -25,6 +25,7 @@ from bridge.decimate.cuda import use_library as use_cuda_library
 from bridge.protocol import codec
 from bridge.protocol.errors import StartupError
 from bridge.resources.from_settings import RESERVE_FRACTION, MiB
+from bridge.resources.rss import own_rss_bytes
 from bridge.server.capacity import Capacity
 from bridge.server.core import BridgeCore
 from bridge.server.events import CoreEvents
@@ -125,7 +126,7 @@ class BridgeService:
         self._grpc_server: Any = None
         self._health: Any = None
         self._http: OpsHttpServer | None = None
-        self._baseline_rss = _rss_bytes()
+        self._baseline_rss = own_rss_bytes() or 0
         self._trim = HeapTrimPolicy(
             slack_bytes=max(32 * MiB, 2 * settings.max_frame_bytes),
             idle_seconds=settings.heap_trim_idle_seconds,
@@ -329,7 +330,7 @@ class BridgeService:
             "ring_occupancy_bytes": self.core.buffered_bytes,
             "memory": {
                 **self.governor.describe(),
-                "resident_bytes": _rss_bytes(),
+                "resident_bytes": (own_rss_bytes() or 0),
                 "baseline_bytes": self._baseline_rss,
                 "max_frame_bytes_now": self.core.limits_now().max_frame_bytes,
             },
@@ -390,7 +391,7 @@ class BridgeService:
                 log.info("memory shrink drained; free heap %s", "released" if released else "kept")
             elif self._trim.decide(
                 time.monotonic(),
-                _rss_bytes(),
+                (own_rss_bytes() or 0),
                 self._baseline_rss,
                 self.governor.total_bytes,
                 self.governor.budget_bytes,
@@ -475,11 +476,3 @@ def _has(backend: str) -> bool:
     from bridge.decimate import available_backends
 
     return available_backends().get(backend) is None
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
