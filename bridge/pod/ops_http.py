@@ -24,7 +24,6 @@ open for the kubelet. A refusal is a 401, counted.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +32,7 @@ from typing import Any, cast
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from bridge.config import opsauth
 from bridge.pod import metrics_merge, ops_fetch
 from bridge.pod.metrics_merge import PodMerge, Refused
 from bridge.pod.ops_fetch import Fetched, fetch
@@ -127,20 +127,10 @@ class PodOpsServer:
 
     # -- routing ---------------------------------------------------------------------------------
     def needs_token(self, path: str) -> bool:
-        if not self.token:
-            return False
-        if path == "/metrics":
-            return not self.metrics_open
-        return path.startswith("/debug/")
+        return opsauth.needs_token(path, self.token, self.metrics_open)
 
     def authorized(self, head: bytes) -> bool:
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"authorization":
-                scheme, _, offered = value.strip().partition(b" ")
-                if scheme.lower() == b"bearer":
-                    return hmac.compare_digest(offered.strip(), self.token.encode())
-        return False
+        return opsauth.bearer_matches(head, self.token)
 
     def answer_now(self, head: bytes) -> tuple[bytes, Callable[[], Awaitable[Answer]] | None]:
         """The response to ``head``, or ``(b"", compute)`` when it is computed by a task."""

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import os
@@ -48,6 +47,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from bridge.config import opsauth
 from bridge.server import probe_child
 from bridge.server.probe_child import (
     LOOP_ANSWER_SECONDS,
@@ -239,20 +239,10 @@ class OpsHttpServer:
 
     # -- routing ---------------------------------------------------------------------------------
     def needs_token(self, path: str) -> bool:
-        if not self.token:
-            return False
-        if path == "/metrics":
-            return not self.metrics_open
-        return path.startswith("/debug/")
+        return opsauth.needs_token(path, self.token, self.metrics_open)
 
     def authorized(self, head: bytes) -> bool:
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"authorization":
-                scheme, _, offered = value.strip().partition(b" ")
-                if scheme.lower() == b"bearer":
-                    return hmac.compare_digest(offered.strip(), self.token.encode())
-        return False
+        return opsauth.bearer_matches(head, self.token)
 
     def probe(self, path: str) -> Answer | None:
         """The probes, answered on the calling thread (None: not a probe); the child answers
