@@ -73,7 +73,7 @@ def _serve(argv: list[str]) -> int:
             def pod_line(ws: int, grpc: int, http: int) -> str:
                 return ready_line(ws, grpc, http, settings.log_format)
 
-            ok = runner(run_pod(settings, argv, pod_line))
+            ok = runner(run_pod(settings, argv, pod_line, stop_on_signals))
         else:
             ok = runner(_serve_async(settings))
     except BridgeError as exc:
@@ -110,11 +110,9 @@ def ports_in_use(settings: settings_mod.Settings) -> list[str]:
     return busy
 
 
-async def _serve_async(settings: settings_mod.Settings) -> bool:
-    from bridge.server.app import BridgeService
-    from bridge.server.rebalance import Rebalancer
-
-    service = BridgeService(settings)
+def stop_on_signals(request_stop: Callable[[], None]) -> None:
+    """SIGTERM or a first SIGINT asks for a drain; a second SIGINT exits at once (130). The
+    same for a single bridge and a pod's supervisor (``bridge.pod.run`` is handed this)."""
     loop = asyncio.get_running_loop()
     interrupts = 0
 
@@ -124,10 +122,18 @@ async def _serve_async(settings: settings_mod.Settings) -> bool:
         if interrupts > 1:
             log.error("second interrupt: exiting now")
             os._exit(130)
-        service.request_stop()
+        request_stop()
 
-    loop.add_signal_handler(signal.SIGTERM, service.request_stop)
+    loop.add_signal_handler(signal.SIGTERM, request_stop)
     loop.add_signal_handler(signal.SIGINT, on_sigint)
+
+
+async def _serve_async(settings: settings_mod.Settings) -> bool:
+    from bridge.server.app import BridgeService
+    from bridge.server.rebalance import Rebalancer
+
+    service = BridgeService(settings)
+    stop_on_signals(service.request_stop)
     await service.start()
     Rebalancer.install(service)  # POST /admin/rebalance on the ops port
     ports = service.ports

@@ -1,12 +1,11 @@
 """``simbridge serve`` with ``processes`` other than 1: the supervisor's main, with the signals of
-a single bridge (SIGTERM or a first SIGINT drains every process; a second SIGINT exits now)."""
+a single bridge (SIGTERM or a first SIGINT drains every process; a second SIGINT exits now),
+installed by the command line's own ``stop_on_signals``."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 from collections.abc import Callable
 
 from bridge.config.settings import Settings
@@ -20,23 +19,15 @@ READY_TIMEOUT_SECONDS = 120.0
 
 
 async def run_pod(
-    settings: Settings, serve_argv: list[str], ready_line: Callable[[int, int, int], str]
+    settings: Settings,
+    serve_argv: list[str],
+    ready_line: Callable[[int, int, int], str],
+    stop_on_signals: Callable[[Callable[[], None]], None],
 ) -> bool:
-    """Run until SIGTERM; True when every process delivered everything it held."""
+    """Run until SIGTERM; True when every process delivered everything it held.
+    ``stop_on_signals``: the command line's signal rules (``bridge.cli.stop_on_signals``)."""
     supervisor = Supervisor(settings, serve_argv)
-    loop = asyncio.get_running_loop()
-    interrupts = 0
-
-    def on_sigint() -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts > 1:
-            log.error("second interrupt: exiting now")
-            os._exit(130)
-        supervisor.request_stop()
-
-    loop.add_signal_handler(signal.SIGTERM, supervisor.request_stop)
-    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    stop_on_signals(supervisor.request_stop)
     ops: PodOpsServer | None = None
     try:
         ops = await _start_ops(supervisor, settings)  # first: a busy port starts no process
