@@ -37,7 +37,7 @@ async def fetch(address: str, path: str, *, token: str, max_body: int, seconds: 
         return Fetched(None, "unreachable", f"not host:port: {address!r}")
     try:
         async with asyncio.timeout(seconds):
-            return await _get(host, port_number, address, path, token, max_body)
+            return await _request(host, port_number, address, path, token, max_body)
     except TimeoutError:
         return Fetched(None, "timeout", f"no answer within {seconds:g} s")
     except OSError as exc:
@@ -52,13 +52,15 @@ async def post(
     host, _, port = address.rpartition(":")
     try:
         async with asyncio.timeout(seconds):
-            got = await _get(host.strip("[]"), int(port), address, path, token, max_body, "POST")
+            got = await _request(
+                host.strip("[]"), int(port), address, path, token, max_body, "POST"
+            )
     except (TimeoutError, OSError, ValueError) as exc:
         return 0, str(exc).encode() or b"timeout"
     return got.status, got.said or got.detail.encode()
 
 
-async def _get(
+async def _request(
     host: str, port: int, address: str, path: str, token: str, limit: int, method: str = "GET"
 ) -> Fetched:
     reader, writer = await asyncio.open_connection(host, port)

@@ -80,14 +80,6 @@ async def _start_ops(supervisor: Supervisor, settings: Settings) -> PodOpsServer
             f"cannot listen on {settings.host}:{settings.http_port} (HTTP): {exc.strerror}"
         ) from None
     supervisor.metrics = metrics
-    supervisor.control.counter = _ClaimCounter(metrics)
+    supervisor.control.counter = lambda result: metrics.claims.labels(result).inc()
     supervisor.publish_metrics()
     return ops
-
-
-class _ClaimCounter:
-    def __init__(self, metrics: PodMetrics) -> None:
-        self.metrics = metrics
-
-    def claim_result(self, result: str) -> None:
-        self.metrics.claims.labels(result).inc()
