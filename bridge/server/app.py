@@ -126,7 +126,7 @@ class BridgeService:
         self._grpc_server: Any = None
         self._health: Any = None
         self._http: OpsHttpServer | None = None
-        self._baseline_rss = own_rss_bytes() or 0
+        self._baseline_rss = _rss_bytes()
         self._trim = HeapTrimPolicy(
             slack_bytes=max(32 * MiB, 2 * settings.max_frame_bytes),
             idle_seconds=settings.heap_trim_idle_seconds,
@@ -330,7 +330,7 @@ class BridgeService:
             "ring_occupancy_bytes": self.core.buffered_bytes,
             "memory": {
                 **self.governor.describe(),
-                "resident_bytes": (own_rss_bytes() or 0),
+                "resident_bytes": _rss_bytes(),
                 "baseline_bytes": self._baseline_rss,
                 "max_frame_bytes_now": self.core.limits_now().max_frame_bytes,
             },
@@ -391,7 +391,7 @@ class BridgeService:
                 log.info("memory shrink drained; free heap %s", "released" if released else "kept")
             elif self._trim.decide(
                 time.monotonic(),
-                (own_rss_bytes() or 0),
+                _rss_bytes(),
                 self._baseline_rss,
                 self.governor.total_bytes,
                 self.governor.budget_bytes,
@@ -470,6 +470,11 @@ class BridgeService:
         if self.governor.debug:  # SIMBRIDGE_CHARGE_DEBUG (tests): nothing may be left...
             standing = self.capacity.standing_charges() if self.capacity is not None else []
             self.governor.check_all_released(standing=standing)  # ...but the kernel's scratch
+
+
+def _rss_bytes() -> int:
+    """This process's resident bytes, 0 where /proc is not there (tests stand in for it here)."""
+    return own_rss_bytes() or 0
 
 
 def _has(backend: str) -> bool:

@@ -4,6 +4,7 @@ protocol clients for bad-input tests, and small cloud builders. Everything binds
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -88,10 +89,14 @@ def hello(device: str, *streams: str, **kw: Any) -> pb.EdgeMessage:
 
 async def http_get(port: int, path: str) -> tuple[int, str]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    await writer.drain()
-    raw = await reader.read()
-    writer.close()
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        await writer.drain()
+        raw = await reader.read()
+    finally:  # closed on every path, and awaited: no writer left to the garbage collector
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
     head, _, body = raw.decode().partition("\r\n\r\n")
     return int(head.split()[1]), body
 
